@@ -1,0 +1,39 @@
+"""Data: text corpora, tokenizers and the grain batch pipeline.
+
+``corpus`` gives train/validation/test texts (Shakespeare split by whole
+play, or the user's own files), ``tokenizers`` turns text into int32 ids
+(char, byte, byte-level BPE; saved as JSON in the run directory) and
+``pipeline`` turns ids into checkpointable training batches and deterministic
+evaluation batches. Importing this package reads no files.
+"""
+
+from ddlm_jax.data.corpus import (
+  INSTALL_HINT,
+  CorpusNotFoundError,
+  load_text_splits,
+  shakespeare_splits,
+)
+from ddlm_jax.data.pipeline import eval_batches, train_iterator
+from ddlm_jax.data.tokenizers import (
+  BPETokenizer,
+  ByteTokenizer,
+  CharTokenizer,
+  Tokenizer,
+  build_tokenizer,
+  load_tokenizer,
+)
+
+__all__ = [
+  'INSTALL_HINT',
+  'BPETokenizer',
+  'ByteTokenizer',
+  'CharTokenizer',
+  'CorpusNotFoundError',
+  'Tokenizer',
+  'build_tokenizer',
+  'eval_batches',
+  'load_text_splits',
+  'load_tokenizer',
+  'shakespeare_splits',
+  'train_iterator',
+]

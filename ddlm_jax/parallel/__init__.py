@@ -1,0 +1,21 @@
+"""Meshes, logical-axis rules and distributed start-up."""
+
+from ddlm_jax.parallel.mesh import MESH_AXES, initialize_distributed, make_mesh
+from ddlm_jax.parallel.rules import (
+  DEFAULT_RULES,
+  batch_sharding,
+  logical_to_spec,
+  replicated,
+  state_shardings,
+)
+
+__all__ = [
+  'DEFAULT_RULES',
+  'MESH_AXES',
+  'batch_sharding',
+  'initialize_distributed',
+  'logical_to_spec',
+  'make_mesh',
+  'replicated',
+  'state_shardings',
+]

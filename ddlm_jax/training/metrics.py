@@ -1,0 +1,111 @@
+"""Run records: JSON-lines metrics, optional TensorBoard, progress lines."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def _plain(value):
+  if isinstance(value, (np.generic, np.ndarray)):
+    value = value.item() if np.ndim(value) == 0 else np.asarray(value).tolist()
+  if hasattr(value, 'item') and not isinstance(value, (list, dict)):
+    try:
+      value = value.item()
+    except (TypeError, ValueError):
+      pass
+  return value
+
+
+class MetricsWriter:
+  """Appends {'step', 'split', ...} records to workdir/metrics.jsonl.
+
+  Writes TensorBoard events too when `tensorboardX` is importable.
+  """
+
+  def __init__(self, workdir: str, *, enabled: bool = True):
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.enabled = enabled
+    self._tb = None
+    if enabled:
+      try:
+        from tensorboardX import SummaryWriter  # optional dependency
+
+        self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      except ImportError:
+        self._tb = None
+
+  def write(self, step: int, split: str, metrics: dict):
+    if not self.enabled:
+      return
+    record = {'step': int(step), 'split': split}
+    record.update({k: _plain(v) for k, v in metrics.items()})
+    with open(self.path, 'a') as f:
+      f.write(json.dumps(record) + '\n')
+    if self._tb is not None:
+      for k, v in record.items():
+        if k not in ('step', 'split') and isinstance(v, (int, float)):
+          self._tb.add_scalar(f'{split}/{k}', v, step)
+
+  def close(self):
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def format_duration(seconds: float) -> str:
+  if not math.isfinite(seconds) or seconds < 0:
+    return '?'
+  seconds = int(seconds)
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f'{h}h{m:02d}m{s:02d}s' if h else f'{m}m{s:02d}s'
+
+
+class Progress:
+  """One line per report: step, loss, steps/s, tokens/s and ETA."""
+
+  def __init__(self, total_steps: int, tokens_per_step: int, stream=None):
+    self.total = total_steps
+    self.tokens_per_step = tokens_per_step
+    self.stream = stream or sys.stdout
+    self._t0 = self._last_t = time.perf_counter()
+    self._last_step = None
+    self.steps_per_sec = float('nan')
+
+  def start(self, step: int):
+    self._last_step = step
+    self._last_t = time.perf_counter()
+
+  def report(self, step: int, metrics: dict, extra: str = '') -> dict:
+    now = time.perf_counter()
+    done = step - (self._last_step if self._last_step is not None else step)
+    dt = now - self._last_t
+    if done > 0 and dt > 0:
+      self.steps_per_sec = done / dt
+    self._last_step, self._last_t = step, now
+    tok_s = self.steps_per_sec * self.tokens_per_step
+    eta = (self.total - step) / self.steps_per_sec
+    parts = [f'step {step}/{self.total}']
+    parts += [f'{k} {float(v):.4f}' for k, v in metrics.items()]
+    parts += [
+      f'{self.steps_per_sec:.2f} steps/s',
+      f'{tok_s / 1e3:.1f}k tok/s',
+      f'ETA {format_duration(eta)}',
+    ]
+    if extra:
+      parts.append(extra)
+    print(' | '.join(parts), file=self.stream, flush=True)
+    return {'steps_per_sec': self.steps_per_sec, 'tokens_per_sec': tok_s}

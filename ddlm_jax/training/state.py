@@ -1,0 +1,117 @@
+"""Train state as a plain pytree, and its sharded initialisation.
+
+Parameters are pure dicts split from the NNX module, so the state is an
+ordinary pytree that jit, optax and orbax handle directly; the module's
+graph definition is kept apart and merged back inside the pure steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from ddlm_jax.parallel import rules as rules_lib
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  ema_params: Any  # None when EMA is off.
+  rng: jax.Array
+  # First step whose loss or gradients were not finite; -1 while all is well.
+  # Once set, updates are skipped so the state stays at the last good one.
+  bad_step: jax.Array
+
+
+def split_model(build: Callable[[], nnx.Module]):
+  """(graphdef, abstract nnx State of Params) without allocating weights."""
+  abstract = nnx.eval_shape(lambda: build(rngs=nnx.Rngs(0)))
+  graphdef, abstract_state = nnx.split(abstract, nnx.Param)
+  return graphdef, abstract_state
+
+
+def param_shardings(abstract_state, mesh, rules=rules_lib.DEFAULT_RULES):
+  """Pure dict of NamedShardings matching nnx.to_pure_dict(params)."""
+  flat = {}
+  for path, variable in nnx.to_flat_state(abstract_state):
+    names = rules_lib.logical_names(variable)
+    shape = variable.shape
+    if len(names) != len(shape):
+      names = (None,) * len(shape)
+    spec = rules_lib.logical_to_spec(names, shape, mesh, rules)
+    flat[path] = jax.sharding.NamedSharding(mesh, spec)
+  return nnx.to_pure_dict(nnx.from_flat_state(flat))
+
+
+def init_train_state(
+  build: Callable[[], nnx.Module],
+  tx: optax.GradientTransformation,
+  *,
+  seed: int,
+  mesh,
+  use_ema: bool,
+  rules=rules_lib.DEFAULT_RULES,
+):
+  """Creates the train state directly in its shardings.
+
+  `build(rngs=...)` constructs the module; seeding its Rngs from a traced
+  key lets initialisation run inside jit with output shardings.
+  Returns (graphdef, state, state_shardings).
+  """
+  graphdef, abstract_state = split_model(build)
+  p_shard = param_shardings(abstract_state, mesh, rules)
+
+  def init(rng):
+    model = build(rngs=nnx.Rngs(params=rng))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      ema_params=params if use_ema else None,
+      rng=jax.random.fold_in(rng, 1),
+      bad_step=jnp.full((), -1, jnp.int32),
+    )
+
+  rng = jax.random.key(seed)
+  abstract_train = jax.eval_shape(init, rng)
+  shardings = train_state_shardings(abstract_train, p_shard, mesh)
+  state = jax.jit(init, out_shardings=shardings)(rng)
+  return graphdef, state, shardings
+
+
+def train_state_shardings(abstract_train: TrainState, p_shard, mesh):
+  """Shardings for every leaf: parameter-shaped trees follow the params."""
+  repl = rules_lib.replicated(mesh)
+  p_struct = jax.tree.structure(p_shard)
+
+  def like_params(tree):
+    # optax states hold param-shaped subtrees (mu, nu) next to scalars.
+    if tree is None:
+      return None
+    if jax.tree.structure(tree) == p_struct:
+      return p_shard
+    if hasattr(tree, '_fields'):  # NamedTuple
+      return type(tree)(*[like_params(t) for t in tree])
+    if isinstance(tree, (tuple, list)):
+      return type(tree)(like_params(t) for t in tree)
+    if isinstance(tree, dict):
+      return {k: like_params(v) for k, v in tree.items()}
+    return jax.tree.map(lambda _: repl, tree)
+
+  return TrainState(
+    step=repl,
+    params=p_shard,
+    opt_state=like_params(abstract_train.opt_state),
+    ema_params=p_shard if abstract_train.ema_params is not None else None,
+    rng=repl,
+    bad_step=repl,
+  )

@@ -1,0 +1,17 @@
+"""The autoregressive twin of quickstart.py: same data, width, depth, steps.
+
+Command:
+  python -m experiments.run --config=experiments/configs/ar_quickstart.py \
+    --workdir=runs/ar_quickstart
+
+Reports exact NLL in bits/char on the same validation windows as the MDLM
+quickstart (docs/RESULTS.md). Presets: `ar_quickstart.py:smoke`.
+"""
+
+from experiments.configs import quickstart
+
+
+def get_config(preset: str = ''):
+  c = quickstart.get_config(preset)
+  c.process.kind = 'ar'
+  return c

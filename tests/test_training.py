@@ -1,0 +1,218 @@
+"""End to end: loss goes down, resume == uninterrupted, bad input handled."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from ddlm_jax.training import builders, loop
+from ddlm_jax.training.checkpoint import (
+  Checkpointer,
+  IncompatibleCheckpointError,
+)
+from experiments.configs import ar_quickstart, quickstart
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _config(**overrides):
+  c = quickstart.get_config('smoke')
+  c.sample.num_samples = 0
+  c.mesh.shape = (1, 1, 1)
+  for key, value in overrides.items():
+    node = c
+    *path, leaf = key.split('.')
+    for p in path:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def _records(workdir, split):
+  path = os.path.join(workdir, 'metrics.jsonl')
+  with open(path) as f:
+    rows = [json.loads(x) for x in f]
+  return [r for r in rows if r['split'] == split]
+
+
+@pytest.fixture(scope='module')
+def full_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('full'))
+  summary = loop.train_and_evaluate(_config(), workdir)
+  return workdir, summary
+
+
+def test_run_writes_its_record(full_run):
+  workdir, summary = full_run
+  for name in ['config.json', 'metrics.jsonl', 'summary.json', 'curves.png']:
+    assert os.path.exists(os.path.join(workdir, name)), name
+  assert summary['steps'] == 6
+  assert summary['num_params'] > 0
+  assert np.isfinite(summary['validation']['bits_per_token'])
+
+
+def test_resume_equals_uninterrupted(full_run, tmp_path):
+  ref_dir, _ = full_run
+  workdir = str(tmp_path)
+  halted = loop.train_and_evaluate(
+    _config(**{'train.halt_after_steps': 3}), workdir
+  )
+  assert halted['steps'] == 3 and 'validation' not in halted
+  loop.train_and_evaluate(_config(), workdir)
+  ref = _records(ref_dir, 'train')
+  got = _records(workdir, 'train')
+  assert [r['step'] for r in got] == [2, 3, 4, 6]  # 3 = the halt's log.
+  ref_by_step = {r['step']: r for r in ref}
+  for r in got:
+    if r['step'] not in ref_by_step:
+      continue
+    np.testing.assert_allclose(
+      r['loss'], ref_by_step[r['step']]['loss'], rtol=1e-6
+    )
+  np.testing.assert_allclose(
+    _records(workdir, 'final_validation')[0]['nats_per_token'],
+    _records(ref_dir, 'final_validation')[0]['nats_per_token'],
+    rtol=1e-6,
+  )
+
+
+def test_loss_decreases_when_training_longer(tmp_path):
+  c = _config(**{'train.num_steps': 40, 'train.log_every': 5,
+                 'train.eval_every': 0, 'train.checkpoint_every': 0,
+                 'optim.learning_rate': 3e-3})  # fmt: skip
+  loop.train_and_evaluate(c, str(tmp_path))
+  losses = [r['nelbo_per_token'] for r in _records(str(tmp_path), 'train')]
+  assert np.mean(losses[-2:]) < 0.8 * np.mean(losses[:2]), losses
+
+
+def test_incompatible_checkpoint_is_refused_untouched(full_run):
+  workdir, _ = full_run
+  ckpt = os.path.join(workdir, 'checkpoints')
+  before = sorted(os.listdir(ckpt))
+  with pytest.raises(IncompatibleCheckpointError, match='width|shapes'):
+    loop.evaluate_checkpoint(_config(**{'model.width': 48}), workdir)
+  assert sorted(os.listdir(ckpt)) == before
+
+
+def test_corrupt_latest_checkpoint_falls_back(full_run, tmp_path, caplog):
+  import shutil
+
+  src, _ = full_run
+  workdir = str(tmp_path / 'copy')
+  shutil.copytree(src, workdir)
+  ckpt = pathlib.Path(workdir, 'checkpoints')
+  steps = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
+  assert steps[-1] == 6
+  for f in (ckpt / '6' / 'state').rglob('*'):
+    if f.is_file() and f.stat().st_size > 0:
+      f.write_bytes(b'garbage')
+  result = loop.evaluate_checkpoint(_config(), workdir)
+  assert result['step'] == steps[-2]
+  assert (ckpt / '6.corrupt').exists()
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+  real = builders.train_batches
+
+  def poisoned(cfg, data, seed):
+    it = real(cfg, data, seed)
+
+    class Wrapper:
+      calls = 0
+
+      def __next__(self):
+        batch = next(it)
+        Wrapper.calls += 1
+        if Wrapper.calls == 5:  # step 5: token ids out of range -> NaN
+          batch = {'tokens': np.full_like(batch['tokens'], 10_000)}
+        return batch
+
+      def get_state(self):
+        return it.get_state()
+
+      def set_state(self, s):
+        it.set_state(s)
+
+    return Wrapper()
+
+  monkeypatch.setattr(builders, 'train_batches', poisoned)
+  workdir = str(tmp_path)
+  with pytest.raises(loop.TrainingDivergedError, match='step 5'):
+    loop.train_and_evaluate(_config(), workdir)
+  ck = Checkpointer(os.path.join(workdir, 'checkpoints'))
+  assert ck.all_steps() == [3]
+  ck.close()
+
+
+def test_ar_twin_trains_with_exact_nll(tmp_path):
+  c = ar_quickstart.get_config('smoke')
+  c.mesh.shape = (1, 1, 1)
+  c.sample.num_samples = 2
+  c.sample.steps = 4
+  summary = loop.train_and_evaluate(c, str(tmp_path))
+  assert summary['process'] == 'ar'
+  assert summary['samples']['nfe'] == c.data.seq_len
+  text = (tmp_path / 'samples.txt').read_text()
+  assert text.count('=== sample') == 2
+
+
+def test_seq_len_longer_than_split_is_a_clear_error(tmp_path):
+  train = tmp_path / 'train.txt'
+  train.write_text('abcdefgh' * 20)
+  val = tmp_path / 'val.txt'
+  val.write_text('abcdefgh' * 2)
+  c = _config(**{'data.corpus': 'text_files', 'data.files.train': str(train),
+                 'data.files.validation': str(val)})  # fmt: skip
+  with pytest.raises(ValueError, match='seq_len'):
+    loop.train_and_evaluate(c, str(tmp_path / 'run'))
+
+
+def test_batch_not_divisible_by_mesh_is_a_clear_error(tmp_path):
+  c = _config(**{'data.batch_size': 6, 'mesh.shape': (4, 1, -1)})
+  with pytest.raises(ValueError, match='divisible'):
+    loop.train_and_evaluate(c, str(tmp_path))
+
+
+def _cli(*args, timeout=300):
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  return subprocess.run(
+    [sys.executable, '-m', 'experiments.run', *args],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    env=env,
+  )
+
+
+def test_cli_smoke_and_sample_mode(tmp_path):
+  cfg = 'experiments/configs/quickstart.py:smoke'
+  out = _cli(f'--config={cfg}', f'--workdir={tmp_path}',
+             '--config.train.num_steps=3')  # fmt: skip
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert 'final validation' in out.stdout
+  summary = json.loads((tmp_path / 'summary.json').read_text())
+  assert summary['samples']['nfe'] <= summary['samples']['steps']
+  again = _cli(f'--config={cfg}', f'--workdir={tmp_path}', '--mode=sample',
+               '--config.train.num_steps=3')  # fmt: skip
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert "'nfe'" in again.stdout
+
+
+def test_cli_rejects_a_typo_in_an_override(tmp_path):
+  out = _cli(
+    '--config=experiments/configs/quickstart.py:smoke',
+    f'--workdir={tmp_path}',
+    '--config.model.widht=3',
+  )
+  assert out.returncode != 0
+  assert 'Did you mean "width"' in out.stderr
+
+
+def test_jax_sees_fake_devices():
+  assert jax.device_count() == 8
