@@ -1,0 +1,1 @@
+"""CPU benchmarks for the scans and attention (markdown tables on stdout)."""

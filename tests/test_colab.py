@@ -1,0 +1,36 @@
+"""Executes the Colab notebooks (smoke presets) with a local kernel."""
+
+import os
+import pathlib
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / 'colab').glob('*.ipynb'))
+
+
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_executes(path, monkeypatch):
+  monkeypatch.setenv('PYTHONPATH', str(ROOT))
+  # One CPU device in the kernel: the smoke preset needs no mesh.
+  monkeypatch.setenv('XLA_FLAGS', '')
+  nb = nbformat.read(path, as_version=4)
+  client = NotebookClient(
+    nb,
+    timeout=600,
+    kernel_name='python3',
+    resources={'metadata': {'path': str(ROOT)}},
+  )
+  client.execute()
+  outputs = [
+    o.get('text', '') for c in nb.cells if c.cell_type == 'code'
+    for o in c.get('outputs', [])
+  ]  # fmt: skip
+  assert any('validation bits/char' in text for text in outputs)
+
+
+def test_there_is_a_quickstart_notebook():
+  assert (ROOT / 'colab' / 'quickstart.ipynb') in NOTEBOOKS
+  assert os.path.getsize(ROOT / 'colab' / 'quickstart.ipynb') > 0
