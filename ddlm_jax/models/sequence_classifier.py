@@ -1,0 +1,182 @@
+"""Sequence classifier for the state-tracking benchmarks (last-token readout).
+
+tokens_BxL -> embedding -> num_layers x SSMBlock(mixer) -> final RMSNorm ->
+the hidden state of the last real token (index ``lengths - 1``) -> linear
+head -> logits_BxC. Loss and accuracy are on that token only, as in the
+PD-SSM paper.
+
+Mixers come from the ``MIXERS`` registry: 'pdssm', 'complex_diag',
+'selective_diag', 'lstm' are built in. HOOK for other baselines (the
+transformer): call ``register_mixer('transformer', factory)`` with
+``factory(config, rngs) -> nnx.Module`` whose ``__call__(x_BxLxD, mask_BxL)``
+returns y_BxLxD; ``ClassifierConfig(mixer='transformer')`` then works
+unchanged. Extra mixer options can travel in ``ClassifierConfig.mixer_kwargs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from ddlm_jax.models import ssm
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifierConfig:
+  """Hyper-parameters of ``SequenceClassifier`` (paper defaults for SSMs).
+
+  Attributes:
+    vocab_size: token ids in [0, vocab_size), PAD included.
+    num_classes: size of the head.
+    mixer: a key of ``MIXERS``.
+    d_model: width D.
+    state_size: SSM state N (ignored by 'lstm').
+    num_dict: PD-SSM dictionary size K.
+    num_layers: number of blocks.
+    mlp_ratio: block MLP hidden = mlp_ratio * D.
+    scan_impl: pallas_kernels impl for the scans.
+    bidirectional: use forward + reverse mixers (not causal).
+    mixer_kwargs: extra keyword arguments for the mixer factory.
+  """
+
+  vocab_size: int
+  num_classes: int
+  mixer: str = 'pdssm'
+  d_model: int = 128
+  state_size: int = 128
+  num_dict: int = 8
+  num_layers: int = 2
+  mlp_ratio: float = 2.0
+  scan_impl: str = 'auto'
+  bidirectional: bool = False
+  mixer_kwargs: tuple[tuple[str, object], ...] = ()
+
+
+MixerFactory = Callable[[ClassifierConfig, nnx.Rngs], nnx.Module]
+
+
+def _ssm_factory(kind: str) -> MixerFactory:
+  def factory(cfg: ClassifierConfig, rngs: nnx.Rngs) -> nnx.Module:
+    return ssm.make_mixer(
+      kind,
+      cfg.d_model,
+      state_size=cfg.state_size,
+      num_dict=cfg.num_dict,
+      bidirectional=cfg.bidirectional,
+      scan_impl=cfg.scan_impl,
+      rngs=rngs,
+      **dict(cfg.mixer_kwargs),
+    )
+
+  return factory
+
+
+def _lstm_factory(cfg: ClassifierConfig, rngs: nnx.Rngs) -> nnx.Module:
+  return ssm.make_mixer(
+    'lstm',
+    cfg.d_model,
+    bidirectional=cfg.bidirectional,
+    rngs=rngs,
+    **dict(cfg.mixer_kwargs),
+  )
+
+
+MIXERS: dict[str, MixerFactory] = {
+  'pdssm': _ssm_factory('pdssm'),
+  'complex_diag': _ssm_factory('complex_diag'),
+  'selective_diag': _ssm_factory('selective_diag'),
+  'lstm': _lstm_factory,
+}
+
+
+def register_mixer(
+  name: str, factory: MixerFactory, *, overwrite: bool = False
+) -> None:
+  """Adds a mixer (e.g. 'transformer') usable as ClassifierConfig.mixer."""
+  if name in MIXERS and not overwrite:
+    raise ValueError(
+      f'mixer {name!r} is already registered; pass overwrite=True.'
+    )
+  MIXERS[name] = factory
+
+
+class SequenceClassifier(nnx.Module):
+  """Embedding -> blocks -> norm -> last real token -> linear head."""
+
+  def __init__(self, config: ClassifierConfig, *, rngs: nnx.Rngs):
+    if config.mixer not in MIXERS:
+      raise ValueError(
+        f'unknown mixer {config.mixer!r}; registered: {sorted(MIXERS)}. '
+        'Add new ones with register_mixer.'
+      )
+    if config.num_layers < 1 or config.vocab_size < 2:
+      raise ValueError(
+        'need num_layers >= 1 and vocab_size >= 2, got '
+        f'{config.num_layers}, {config.vocab_size}.'
+      )
+    self.config = config
+    D = config.d_model
+    self.embed = nnx.Embed(
+      config.vocab_size,
+      D,
+      embedding_init=nnx.initializers.normal(1.0),
+      embedding_metadata=ssm.axes_meta('vocab', 'embed'),
+      rngs=rngs,
+    )
+    self.blocks = nnx.List(
+      [
+        ssm.SSMBlock(
+          D,
+          MIXERS[config.mixer](config, rngs),
+          mlp_ratio=config.mlp_ratio,
+          rngs=rngs,
+        )
+        for _ in range(config.num_layers)
+      ]
+    )
+    self.norm = ssm.rms_norm(D, rngs)
+    # The class axis reuses the 'vocab' logical name (output vocabulary).
+    self.head = nnx.Linear(
+      D,
+      config.num_classes,
+      kernel_metadata=ssm.axes_meta('embed', 'vocab'),
+      bias_metadata=ssm.axes_meta('vocab'),
+      rngs=rngs,
+    )
+
+  def features(self, tokens_BxL: jax.Array, lengths_B: jax.Array) -> jax.Array:
+    """Normalised hidden states h_BxLxD (padding masked as identity)."""
+    L = tokens_BxL.shape[1]
+    mask_BxL = jnp.arange(L)[None, :] < lengths_B[:, None]
+    x = self.embed(tokens_BxL)
+    for block in self.blocks:
+      x = block(x, mask_BxL)
+    return self.norm(x)
+
+  def __call__(self, tokens_BxL: jax.Array, lengths_B: jax.Array) -> jax.Array:
+    """Logits_BxC read at the last real token of each sequence."""
+    if tokens_BxL.ndim != 2 or lengths_B.shape != tokens_BxL.shape[:1]:
+      raise ValueError(
+        'expected tokens_BxL [B, L] and lengths_B [B], got '
+        f'{tokens_BxL.shape} and {lengths_B.shape}.'
+      )
+    h = self.features(tokens_BxL, lengths_B)
+    last = jnp.clip(lengths_B - 1, 0, tokens_BxL.shape[1] - 1)
+    h_BxD = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
+    return self.head(h_BxD)
+
+
+def classification_metrics(
+  logits_BxC: jax.Array, labels_B: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+  """Mean cross-entropy and accuracy of last-token predictions."""
+  loss = optax.softmax_cross_entropy_with_integer_labels(
+    logits_BxC, labels_B
+  ).mean()
+  acc = (jnp.argmax(logits_BxC, -1) == labels_B).mean()
+  return loss, acc

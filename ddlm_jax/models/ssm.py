@@ -1,0 +1,573 @@
+"""State-space sequence mixers: PD-SSM, complex/real diagonal SSMs, LSTM.
+
+PD-SSM (arXiv 2509.22284, REFERENCE.md section 5) runs the recurrence
+h_t = A_t h_{t-1} + B u_t in C^N with A_t = P_t D_t, read out as
+y_t = Re(C h_t) + D_skip * u_t:
+
+- P_t is column one-hot. A selection s_t = softmax(S u_t) mixes a dictionary
+  of K dense real N x N matrices, M_t = sum_k s_k M_k; column j of M_t is
+  hardened to the one-hot e_{argmax_i M_t[i, j]} in the forward pass, and the
+  backward pass uses the gradient of the column-wise softmax of M_t
+  (straight-through). The scan itself only sees the row indices
+  ``p_idx[j] = argmax_i M_t[i, j]`` and costs O(N) per step
+  (``pallas_kernels.pd_scan``); dense N x N products appear only where the
+  paper has them (building M_t, and the straight-through gradient of P_t).
+- D_t is complex diagonal: |D_t| = sigmoid(MLP_mag(u_t)) (clipped to
+  ``max_magnitude`` < 1 so the system stays BIBO-stable in float32, where
+  sigmoid saturates to exactly 1), phase = 2 pi sigmoid(MLP_phase(u_t)).
+
+The same ``SSMMixer`` class also gives the paper's baselines through
+``mode``: 'complex_diag' (P = I, same D_t, ``pallas_kernels.linear_scan``)
+and 'selective_diag', a Mamba-like real diagonal SSM with input-dependent
+step dt_t = softplus(W u_t + b), decay a_t = exp(-dt_t * exp(log_rate)) in
+(0, 1) and input dt_t * (B u_t) (one state vector shared by all channels,
+not Mamba's per-channel SISO heads).
+
+``SSMBlock`` is a pre-norm residual block: x + mixer(norm(x)), then
+x + MLP(norm(x)). ``BidirectionalMixer`` runs a forward and a reverse mixer
+and combines them (sum, or concat + projection) for bidirectional diffusion
+denoisers. ``LSTMMixer`` wraps ``nnx.RNN(nnx.OptimizedLSTMCell)``.
+
+Every mixer maps x_BxLxD -> y_BxLxD and takes an optional boolean
+``mask_BxL``; masked steps become identity transitions with zero input, so a
+right-padded tail does not leak into a reverse scan.
+
+Parameters carry logical axis names (``LOGICAL_AXES``) as
+``out_sharding`` metadata with ``eager_sharding=False``: modules can be
+built without a mesh, and ``nnx.get_partition_spec`` under
+``nnx.logical_axis_rules`` maps the names onto mesh axes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import pallas_kernels
+
+# Logical axis names used by the parameters of this module and of
+# sequence_classifier ('dict' is the PD-SSM dictionary axis K; 'vocab' also
+# names the class axis of the classifier head). The project-wide name 'heads'
+# is not used here. None in a name tuple means replicated.
+LOGICAL_AXES = ('embed', 'mlp', 'vocab', 'state', 'dict')
+MODES = ('pdssm', 'complex_diag', 'selective_diag')
+SCAN_IMPLS = ('auto', 'reference', 'xla', 'pallas', 'interpret')
+COMBINES = ('sum', 'concat')
+
+
+def axes_meta(*names: str | None) -> dict:
+  """Variable metadata attaching logical axis names (no eager sharding)."""
+  for n in names:
+    if n is not None and n not in LOGICAL_AXES:
+      raise ValueError(f'unknown logical axis {n!r}; use {LOGICAL_AXES}.')
+  return {'out_sharding': tuple(names), 'eager_sharding': False}
+
+
+def _param(
+  rngs: nnx.Rngs,
+  init: Callable,
+  shape: tuple[int, ...],
+  names,
+  param_dtype=jnp.float32,
+) -> nnx.Param:
+  return nnx.Param(init(rngs.params(), shape, param_dtype), **axes_meta(*names))
+
+
+def _linear(
+  d_in: int,
+  d_out: int,
+  names: tuple[str | None, str | None],
+  rngs: nnx.Rngs,
+  *,
+  use_bias: bool = True,
+  kernel_init: Callable | None = None,
+  param_dtype=jnp.float32,
+) -> nnx.Linear:
+  kernel_init = kernel_init or nnx.initializers.lecun_normal()
+  return nnx.Linear(
+    d_in,
+    d_out,
+    use_bias=use_bias,
+    kernel_init=kernel_init,
+    param_dtype=param_dtype,
+    kernel_metadata=axes_meta(*names),
+    bias_metadata=axes_meta(names[1]),
+    rngs=rngs,
+  )
+
+
+# ----------------------------------------------------------------------------
+# Pure math.
+
+
+def column_argmax(m_xNxN: jax.Array) -> jax.Array:
+  """Row index of each column's maximum: p[..., j] = argmax_i m[..., i, j]."""
+  return jnp.argmax(m_xNxN, axis=-2).astype(jnp.int32)
+
+
+def column_softmax(m_xNxN: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """Softmax over rows, independently for each column."""
+  return jax.nn.softmax(m_xNxN / temperature, axis=-2)
+
+
+def column_onehot_st(m_xNxN: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """Dense straight-through P: one-hot columns forward, column-softmax grad.
+
+  Used by references and tests; the layer never forms P densely in its scan
+  (see ``pd_scan_st``).
+  """
+  soft = column_softmax(m_xNxN, temperature)
+  hard = jax.nn.one_hot(column_argmax(m_xNxN), m_xNxN.shape[-2], axis=-2)
+  return hard + (soft - jax.lax.stop_gradient(soft))  # exact forward
+
+
+def pd_to_dense(p_idx_xN: jax.Array, d_xN: jax.Array) -> jax.Array:
+  """Dense A with A[..., :, j] = d[..., j] e_{p[..., j]} (for references)."""
+  n = p_idx_xN.shape[-1]
+  return (
+    jax.nn.one_hot(p_idx_xN, n, axis=-2, dtype=d_xN.dtype) * d_xN[..., None, :]
+  )
+
+
+def _shift_prev(
+  h_BxLxN: jax.Array, h0_BxN: jax.Array, reverse: bool
+) -> jax.Array:
+  """State before each step: h_{t-1} (or h_{t+1} for a reverse scan)."""
+  if reverse:
+    return jnp.concatenate([h_BxLxN[:, 1:], h0_BxN[:, None]], axis=1)
+  return jnp.concatenate([h0_BxN[:, None], h_BxLxN[:, :-1]], axis=1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def pd_scan_st(
+  soft_BxLxNxN: jax.Array,
+  d_BxLxN: jax.Array,
+  b_BxLxN: jax.Array,
+  h0_BxN: jax.Array,
+  reverse: bool,
+  impl: str,
+) -> tuple[jax.Array, jax.Array]:
+  """PD scan with hardened columns of ``soft`` and a straight-through grad.
+
+  Forward: p_idx = column_argmax(soft) and ``pallas_kernels.pd_scan``.
+  Backward: gradients for d, b, h0 come from pd_scan's own VJP; the
+  cotangent of ``soft`` is that of a dense P_t at the hardened value,
+  dL/dP_t[i, j] = Re(lam_t[i] * d_t[j] * h_{t-1}[j]) with lam_t = dL/db_t,
+  i.e. exactly what ``column_onehot_st`` gives when ``soft`` is the column
+  softmax.
+
+  Args:
+    soft_BxLxNxN: real relaxed transition (column-stochastic in the layer).
+    d_BxLxN: complex (or real) diagonal of D_t.
+    b_BxLxN: inputs.
+    h0_BxN: initial state.
+    reverse: scan from the end (see ``pallas_kernels.pd_scan``).
+    impl: scan implementation passed to ``pallas_kernels.pd_scan``.
+
+  Returns:
+    (h_BxLxN, h_last_BxN).
+  """
+  p_idx = column_argmax(soft_BxLxNxN)
+  return pallas_kernels.pd_scan(
+    p_idx, d_BxLxN, b_BxLxN, h0_BxN=h0_BxN, reverse=reverse, impl=impl
+  )
+
+
+def _pd_scan_st_fwd(soft, d, b, h0, reverse, impl):
+  p_idx = column_argmax(soft)
+  scan = lambda d_, b_, h0_: pallas_kernels.pd_scan(
+    p_idx, d_, b_, h0_BxN=h0_, reverse=reverse, impl=impl
+  )
+  (h, h_last), vjp = jax.vjp(scan, d, b, h0)
+  return (h, h_last), (vjp, d, h, h0)
+
+
+def _pd_scan_st_bwd(reverse, impl, res, cts):
+  vjp, d, h, h0 = res
+  g_d, lam, g_h0 = vjp(cts)  # lam_t = dL/db_t, the adjoint state
+  v = d * _shift_prev(h, h0, reverse).astype(d.dtype)
+  g_soft = jnp.einsum('bli,blj->blij', lam, v)
+  if jnp.iscomplexobj(g_soft):
+    g_soft = jnp.real(g_soft)
+  return g_soft, g_d, lam, g_h0
+
+
+pd_scan_st.defvjp(_pd_scan_st_fwd, _pd_scan_st_bwd)
+
+
+# ----------------------------------------------------------------------------
+# Layers.
+
+
+class GateMLP(nnx.Module):
+  """Two-layer MLP u_D -> N (GELU) producing pre-activations of D_t."""
+
+  def __init__(
+    self,
+    d_in: int,
+    hidden: int,
+    d_out: int,
+    *,
+    rngs: nnx.Rngs,
+    param_dtype=jnp.float32,
+  ):
+    self.fc1 = _linear(
+      d_in, hidden, ('embed', 'mlp'), rngs, param_dtype=param_dtype
+    )
+    self.fc2 = _linear(
+      hidden, d_out, ('mlp', 'state'), rngs, param_dtype=param_dtype
+    )
+
+  def __call__(self, u_BxLxD: jax.Array) -> jax.Array:
+    return self.fc2(jax.nn.gelu(self.fc1(u_BxLxD)))
+
+
+class SSMMixer(nnx.Module):
+  """PD-SSM / complex-diagonal / selective real-diagonal mixer, D -> D.
+
+  Attributes:
+    mode: 'pdssm' | 'complex_diag' | 'selective_diag'.
+    reverse: scan from the end of the sequence.
+    scan_impl: passed to pallas_kernels ('auto' | 'reference' | 'xla' |
+      'pallas' | 'interpret'); may be reassigned after construction.
+  """
+
+  def __init__(
+    self,
+    d_model: int,
+    state_size: int,
+    *,
+    mode: str = 'pdssm',
+    num_dict: int = 8,
+    gate_hidden: int | None = None,
+    reverse: bool = False,
+    scan_impl: str = 'auto',
+    st_temperature: float = 1.0,
+    max_magnitude: float = 1.0 - 1e-6,
+    param_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
+    if mode not in MODES:
+      raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
+    if scan_impl not in SCAN_IMPLS:
+      raise ValueError(
+        f'scan_impl must be one of {SCAN_IMPLS}, got {scan_impl!r}.'
+      )
+    if d_model < 1 or state_size < 1 or num_dict < 1:
+      raise ValueError(
+        'd_model, state_size and num_dict must be >= 1, got '
+        f'{d_model}, {state_size}, {num_dict}.'
+      )
+    if not 0.0 < max_magnitude <= 1.0 or st_temperature <= 0:
+      raise ValueError(
+        'need 0 < max_magnitude <= 1 and st_temperature > 0, got '
+        f'{max_magnitude}, {st_temperature}.'
+      )
+    D, N = d_model, state_size
+    H = gate_hidden or d_model
+    self.d_model, self.state_size, self.mode = D, N, mode
+    self.num_dict = num_dict
+    self.reverse = reverse
+    self.scan_impl = scan_impl
+    self.st_temperature = float(st_temperature)
+    self.max_magnitude = float(max_magnitude)
+    normal = nnx.initializers.normal
+    pd = dict(param_dtype=param_dtype)
+    if mode == 'pdssm':
+      self.select = _linear(D, num_dict, ('embed', 'dict'), rngs, **pd)
+      self.dictionary = _param(
+        rngs,
+        normal(1.0 / math.sqrt(N)),
+        (num_dict, N, N),
+        ('dict', 'state', None),
+        **pd,
+      )
+    if mode in ('pdssm', 'complex_diag'):
+      self.mag_mlp = GateMLP(D, H, N, rngs=rngs, **pd)
+      self.phase_mlp = GateMLP(D, H, N, rngs=rngs, **pd)
+      self.B_re = _param(
+        rngs, normal(1 / math.sqrt(D)), (D, N), ('embed', 'state'), **pd
+      )
+      self.B_im = _param(
+        rngs, normal(1 / math.sqrt(D)), (D, N), ('embed', 'state'), **pd
+      )
+      self.C_im = _param(
+        rngs, normal(1 / math.sqrt(N)), (N, D), ('state', 'embed'), **pd
+      )
+    else:
+      self.dt_proj = _linear(D, N, ('embed', 'state'), rngs, **pd)
+      # Mamba-style init: dt log-uniform in [1e-3, 1e-1], rates 1..N.
+      dt = jnp.exp(
+        jax.random.uniform(rngs.params(), (N,))
+        * (math.log(0.1) - math.log(1e-3))
+        + math.log(1e-3)
+      )
+      self.dt_proj.bias[...] = (dt + jnp.log(-jnp.expm1(-dt))).astype(
+        param_dtype
+      )
+      self.log_rate = nnx.Param(
+        jnp.log(jnp.arange(1, N + 1, dtype=param_dtype)),
+        **axes_meta('state'),
+      )
+      self.B_re = _param(
+        rngs, normal(1 / math.sqrt(D)), (D, N), ('embed', 'state'), **pd
+      )
+    self.C_re = _param(
+      rngs, normal(1 / math.sqrt(N)), (N, D), ('state', 'embed'), **pd
+    )
+    self.d_skip = nnx.Param(jnp.ones((D,), param_dtype), **axes_meta('embed'))
+
+  # -- transitions -----------------------------------------------------------
+
+  def diagonal(self, u_BxLxD: jax.Array) -> jax.Array:
+    """D_t (complex modes) or the real decay a_t (selective_diag)."""
+    if self.mode == 'selective_diag':
+      rate = jnp.exp(self.log_rate[...])
+      dt = jax.nn.softplus(self.dt_proj(u_BxLxD))
+      return jnp.minimum(jnp.exp(-dt * rate), self.max_magnitude)
+    mag = jnp.minimum(jax.nn.sigmoid(self.mag_mlp(u_BxLxD)), self.max_magnitude)
+    phase = 2 * jnp.pi * jax.nn.sigmoid(self.phase_mlp(u_BxLxD))
+    return jax.lax.complex(mag * jnp.cos(phase), mag * jnp.sin(phase))
+
+  def relaxed_transition(self, u_BxLxD: jax.Array) -> jax.Array:
+    """Column softmax of M_t = sum_k softmax(S u_t)_k M_k, [B, L, N, N]."""
+    s_BxLxK = jax.nn.softmax(self.select(u_BxLxD), axis=-1)
+    m = jnp.einsum('blk,kij->blij', s_BxLxK, self.dictionary[...])
+    return column_softmax(m, self.st_temperature)
+
+  def transition_indices(self, u_BxLxD: jax.Array) -> jax.Array:
+    """p_idx_BxLxN of the hardened P_t (pdssm only)."""
+    return column_argmax(self.relaxed_transition(u_BxLxD))
+
+  def inputs(self, u_BxLxD: jax.Array) -> jax.Array:
+    """b_t = B u_t (complex), or dt_t * B u_t (selective_diag, real)."""
+    b_re = u_BxLxD @ self.B_re[...]
+    if self.mode == 'selective_diag':
+      return jax.nn.softplus(self.dt_proj(u_BxLxD)) * b_re
+    return jax.lax.complex(b_re, u_BxLxD @ self.B_im[...])
+
+  # -- forward ---------------------------------------------------------------
+
+  def states(
+    self,
+    u_BxLxD: jax.Array,
+    mask_BxL: jax.Array | None = None,
+    h0_BxN: jax.Array | None = None,
+  ) -> tuple[jax.Array, jax.Array]:
+    """Runs the recurrence; returns (h_BxLxN, h_last_BxN)."""
+    if u_BxLxD.ndim != 3 or u_BxLxD.shape[-1] != self.d_model:
+      raise ValueError(
+        f'expected u_BxLxD with D={self.d_model}, got shape {u_BxLxD.shape}.'
+      )
+    B, L, _ = u_BxLxD.shape
+    N = self.state_size
+    d = self.diagonal(u_BxLxD)
+    b = self.inputs(u_BxLxD)
+    if h0_BxN is None:
+      h0_BxN = jnp.zeros((B, N), b.dtype)
+    h0_BxN = h0_BxN.astype(b.dtype)
+    if mask_BxL is not None:
+      if mask_BxL.shape != (B, L):
+        raise ValueError(
+          f'mask_BxL must have shape {(B, L)}, got {mask_BxL.shape}.'
+        )
+      keep = mask_BxL.astype(bool)[..., None]
+      d = jnp.where(keep, d, jnp.ones_like(d))
+      b = jnp.where(keep, b, jnp.zeros_like(b))
+    if self.mode != 'pdssm':
+      return pallas_kernels.linear_scan(
+        d, b, h0_BxN=h0_BxN, reverse=self.reverse, impl=self.scan_impl
+      )
+    soft = self.relaxed_transition(u_BxLxD)
+    if mask_BxL is not None:
+      eye = jnp.eye(N, dtype=soft.dtype)
+      soft = jnp.where(keep[..., None], soft, eye)
+    return pd_scan_st(soft, d, b, h0_BxN, self.reverse, self.scan_impl)
+
+  def readout(self, h_BxLxN: jax.Array, u_BxLxD: jax.Array) -> jax.Array:
+    """y_t = Re(C h_t) + D_skip * u_t."""
+    if self.mode == 'selective_diag':
+      y = h_BxLxN @ self.C_re[...]
+    else:
+      y = jnp.real(h_BxLxN) @ self.C_re[...] - (
+        jnp.imag(h_BxLxN) @ self.C_im[...]
+      )
+    return y + self.d_skip[...] * u_BxLxD
+
+  def __call__(
+    self, u_BxLxD: jax.Array, mask_BxL: jax.Array | None = None
+  ) -> jax.Array:
+    h, _ = self.states(u_BxLxD, mask_BxL)
+    return self.readout(h, u_BxLxD)
+
+
+class LSTMMixer(nnx.Module):
+  """LSTM baseline mixer (nnx.OptimizedLSTMCell), D -> hidden -> D."""
+
+  def __init__(
+    self,
+    d_model: int,
+    hidden: int | None = None,
+    *,
+    reverse: bool = False,
+    param_dtype=jnp.float32,
+    rngs: nnx.Rngs,
+  ):
+    H = hidden or d_model
+    self.hidden = H
+    self.reverse = reverse
+    cell = nnx.OptimizedLSTMCell(
+      d_model,
+      H,
+      param_dtype=param_dtype,
+      kernel_metadata=axes_meta('embed', 'mlp'),
+      recurrent_kernel_metadata=axes_meta('mlp', None),
+      bias_metadata=axes_meta('mlp'),
+      rngs=rngs,
+    )
+    self.rnn = nnx.RNN(cell, reverse=reverse, keep_order=True, rngs=False)
+    self.out = (
+      _linear(H, d_model, ('mlp', 'embed'), rngs, param_dtype=param_dtype)
+      if H != d_model
+      else None
+    )
+
+  def __call__(
+    self, x_BxLxD: jax.Array, mask_BxL: jax.Array | None = None
+  ) -> jax.Array:
+    lengths = None
+    if mask_BxL is not None:
+      # Assumes right padding (mask is a prefix of True).
+      lengths = mask_BxL.astype(jnp.int32).sum(-1)
+    zeros = jnp.zeros((x_BxLxD.shape[0], self.hidden), x_BxLxD.dtype)
+    y = self.rnn(x_BxLxD, initial_carry=(zeros, zeros), seq_lengths=lengths)
+    return y if self.out is None else self.out(y)
+
+
+class BidirectionalMixer(nnx.Module):
+  """Forward and reverse mixers (separate parameters), summed or projected.
+
+  ``make(reverse, rngs)`` builds one direction, e.g.
+  ``lambda reverse, rngs: SSMMixer(D, N, reverse=reverse, rngs=rngs)``.
+  """
+
+  def __init__(
+    self,
+    d_model: int,
+    make: Callable[[bool, nnx.Rngs], nnx.Module],
+    *,
+    combine: str = 'sum',
+    rngs: nnx.Rngs,
+  ):
+    if combine not in COMBINES:
+      raise ValueError(f'combine must be one of {COMBINES}, got {combine!r}.')
+    self.combine = combine
+    self.fwd = make(False, rngs)
+    self.bwd = make(True, rngs)
+    self.proj = (
+      _linear(2 * d_model, d_model, ('mlp', 'embed'), rngs)
+      if combine == 'concat'
+      else None
+    )
+
+  def __call__(
+    self, x_BxLxD: jax.Array, mask_BxL: jax.Array | None = None
+  ) -> jax.Array:
+    y_f = self.fwd(x_BxLxD, mask_BxL)
+    y_b = self.bwd(x_BxLxD, mask_BxL)
+    if self.proj is None:
+      return y_f + y_b
+    return self.proj(jnp.concatenate([y_f, y_b], axis=-1))
+
+
+class MLP(nnx.Module):
+  """Position-wise GELU MLP, D -> F -> D."""
+
+  def __init__(
+    self, d_model: int, hidden: int, *, rngs: nnx.Rngs, param_dtype=jnp.float32
+  ):
+    self.fc1 = _linear(
+      d_model, hidden, ('embed', 'mlp'), rngs, param_dtype=param_dtype
+    )
+    self.fc2 = _linear(
+      hidden, d_model, ('mlp', 'embed'), rngs, param_dtype=param_dtype
+    )
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.fc2(jax.nn.gelu(self.fc1(x)))
+
+
+def rms_norm(d_model: int, rngs: nnx.Rngs) -> nnx.RMSNorm:
+  return nnx.RMSNorm(d_model, scale_metadata=axes_meta('embed'), rngs=rngs)
+
+
+class SSMBlock(nnx.Module):
+  """Pre-norm residual block around any mixer.
+
+  x <- x + mixer(norm1(x), mask); x <- x + MLP(norm2(x)). The paper describes
+  "SSM, then norm and an MLP with residual"; we put a residual and a pre-norm
+  around the mixer as well, the usual stable choice for stacked blocks.
+  """
+
+  def __init__(
+    self,
+    d_model: int,
+    mixer: nnx.Module,
+    *,
+    mlp_ratio: float = 2.0,
+    rngs: nnx.Rngs,
+  ):
+    self.norm1 = rms_norm(d_model, rngs)
+    self.mixer = mixer
+    self.norm2 = rms_norm(d_model, rngs)
+    self.mlp = MLP(d_model, max(1, int(mlp_ratio * d_model)), rngs=rngs)
+
+  def __call__(
+    self, x_BxLxD: jax.Array, mask_BxL: jax.Array | None = None
+  ) -> jax.Array:
+    x_BxLxD = x_BxLxD + self.mixer(self.norm1(x_BxLxD), mask_BxL)
+    return x_BxLxD + self.mlp(self.norm2(x_BxLxD))
+
+
+def make_mixer(
+  kind: str,
+  d_model: int,
+  *,
+  state_size: int = 128,
+  num_dict: int = 8,
+  bidirectional: bool = False,
+  combine: str = 'sum',
+  scan_impl: str = 'auto',
+  rngs: nnx.Rngs,
+  **kwargs,
+) -> nnx.Module:
+  """Builds a mixer by name: 'pdssm' | 'complex_diag' | 'selective_diag' |
+  'lstm', optionally bidirectional. ``kwargs`` go to SSMMixer / LSTMMixer.
+  """
+  if kind == 'lstm':
+    make = lambda reverse, r: LSTMMixer(
+      d_model, reverse=reverse, rngs=r, **kwargs
+    )
+  elif kind in MODES:
+    make = lambda reverse, r: SSMMixer(
+      d_model,
+      state_size,
+      mode=kind,
+      num_dict=num_dict,
+      reverse=reverse,
+      scan_impl=scan_impl,
+      rngs=r,
+      **kwargs,
+    )
+  else:
+    raise ValueError(
+      f'unknown mixer {kind!r}; choose one of {MODES + ("lstm",)}.'
+    )
+  if bidirectional:
+    return BidirectionalMixer(d_model, make, combine=combine, rngs=rngs)
+  return make(False, rngs)
