@@ -26,6 +26,10 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
   initialize_distributed()
   config, workdir = _CONFIG.value, _WORKDIR.value
+  if 'task' in config:  # State tracking: experiments/configs/state_tracking.py
+    from ddlm_jax.training.classification import train_state_tracking
+
+    return print(train_state_tracking(config, workdir))
   if _MODE.value == 'train':
     loop.train_and_evaluate(config, workdir)
   elif _MODE.value == 'eval':

@@ -27,5 +27,6 @@ def test_every_config_has_a_docstring_with_its_command(name):
 
   module = importlib.import_module(f'experiments.configs.{name}')
   assert module.__doc__ and 'python -m experiments.run' in module.__doc__
-  config = module.get_config('smoke')
+  # Configs with arguments (e.g. 'MODEL,TASK') name their smoke argument.
+  config = module.get_config(getattr(module, 'SMOKE_ARG', 'smoke'))
   assert config.train.num_steps <= 50

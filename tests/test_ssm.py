@@ -20,6 +20,7 @@ from hypothesis import strategies as st_
 from ddlm_jax.data import state_tracking as st
 from ddlm_jax.models import sequence_classifier as sc
 from ddlm_jax.models import ssm
+from ddlm_jax.parallel.rules import DEFAULT_RULES
 
 
 # Test inputs come from numpy: jax.random would compile threefry per shape.
@@ -368,7 +369,8 @@ def test_params_carry_logical_axis_names(mixer):
     names = var.get_metadata().get('out_sharding')
     assert names is not None, path
     assert len(names) == var[...].ndim, path
-    assert set(names) - {None} <= set(ssm.LOGICAL_AXES), path
+    # Every name has a sharding rule (the transformer mixer adds its own).
+    assert set(names) - {None} <= set(DEFAULT_RULES), path
   rules = [(n, None) for n in ssm.LOGICAL_AXES if n != 'embed']
   with nnx.logical_axis_rules([('embed', 'data'), *rules]):
     specs = nnx.get_partition_spec(params)

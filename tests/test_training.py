@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -117,10 +118,30 @@ def test_corrupt_latest_checkpoint_falls_back(full_run, tmp_path, caplog):
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-  real = builders.train_batches
+  """A process whose loss turns NaN on an all-zero batch (fed at step 5)."""
+  real_process = builders.build_process
+  real_batches = builders.train_batches
+
+  class NaNOnZeros:
+    def __init__(self, inner):
+      self.inner = inner
+
+    def __getattr__(self, name):
+      return getattr(self.inner, name)
+
+    def __hash__(self):
+      return hash(self.inner)
+
+    def __eq__(self, other):
+      return isinstance(other, NaNOnZeros) and other.inner == self.inner
+
+    def loss(self, apply, key, x_BxL, loss_mask_BxL=None):
+      obj, nelbo, aux = self.inner.loss(apply, key, x_BxL, loss_mask_BxL)
+      poison = jnp.where(jnp.all(x_BxL == 0), jnp.nan, 1.0)
+      return obj * poison, nelbo * poison, aux
 
   def poisoned(cfg, data, seed):
-    it = real(cfg, data, seed)
+    it = real_batches(cfg, data, seed)
 
     class Wrapper:
       calls = 0
@@ -128,8 +149,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
       def __next__(self):
         batch = next(it)
         Wrapper.calls += 1
-        if Wrapper.calls == 5:  # step 5: token ids out of range -> NaN
-          batch = {'tokens': np.full_like(batch['tokens'], 10_000)}
+        if Wrapper.calls == 5:
+          batch = {'tokens': np.zeros_like(batch['tokens'])}
         return batch
 
       def get_state(self):
@@ -140,6 +161,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
 
     return Wrapper()
 
+  monkeypatch.setattr(
+    builders, 'build_process', lambda *a: NaNOnZeros(real_process(*a))
+  )
   monkeypatch.setattr(builders, 'train_batches', poisoned)
   workdir = str(tmp_path)
   with pytest.raises(loop.TrainingDivergedError, match='step 5'):
@@ -147,6 +171,26 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
   ck = Checkpointer(os.path.join(workdir, 'checkpoints'))
   assert ck.all_steps() == [3]
   ck.close()
+
+
+def test_out_of_range_token_ids_are_a_clear_error(tmp_path, monkeypatch):
+  real_batches = builders.train_batches
+
+  def bad(cfg, data, seed):
+    it = real_batches(cfg, data, seed)
+
+    class Wrapper:
+      def __next__(self):
+        return {'tokens': np.full_like(next(it)['tokens'], 10_000)}
+
+      def get_state(self):
+        return it.get_state()
+
+    return Wrapper()
+
+  monkeypatch.setattr(builders, 'train_batches', bad)
+  with pytest.raises(ValueError, match='token id 10000'):
+    loop.train_and_evaluate(_config(), str(tmp_path))
 
 
 def test_ar_twin_trains_with_exact_nll(tmp_path):

@@ -36,10 +36,19 @@ class Autoregressive:
     bos_Bx1 = jnp.full((x_BxL.shape[0], 1), self.bos_id, x_BxL.dtype)
     return jnp.concatenate([bos_Bx1, x_BxL[:, :-1]], axis=1)
 
-  def loss(self, apply: ApplyFn, key: jax.Array, x_BxL: jax.Array):
-    """Exact NLL; same return signature as MaskedDiffusion.loss."""
+  def loss(
+    self,
+    apply: ApplyFn,
+    key: jax.Array,
+    x_BxL: jax.Array,
+    loss_mask_BxL: jax.Array | None = None,
+  ):
+    """Exact NLL; same signature and returns as MaskedDiffusion.loss."""
     del key
     t_B = jnp.zeros((x_BxL.shape[0],), jnp.float32)
     logits_BxLxV = apply(self.shift_right(x_BxL), t_B)
-    nll_B = token_cross_entropy(logits_BxLxV, x_BxL).sum(-1)
+    nll_BxL = token_cross_entropy(logits_BxLxV, x_BxL)
+    if loss_mask_BxL is not None:
+      nll_BxL = nll_BxL * loss_mask_BxL
+    nll_B = nll_BxL.sum(-1)
     return nll_B, nll_B, {}

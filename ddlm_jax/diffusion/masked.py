@@ -92,8 +92,11 @@ class MaskedDiffusion:
     """Embedding rows the network needs: V data tokens plus the mask."""
     return self.vocab_size + 1
 
-  def reconstruction_nats(self, length: int) -> float:
-    """MD4's constant term: tokens masked at t = 0 cost log V each."""
+  def reconstruction_nats(self, length):
+    """MD4's constant term: tokens masked at t = 0 cost log V each.
+
+    `length` is the number of (valid) tokens, a number or an array.
+    """
     with jax.ensure_compile_time_eval():
       alpha0 = float(self.schedule.alpha(jnp.float32(0.0)))
     return length * (1.0 - alpha0) * math.log(self.vocab_size)
@@ -120,8 +123,17 @@ class MaskedDiffusion:
     keep_BxL = jax.random.uniform(key, x_BxL.shape) < alpha_Bx1
     return jnp.where(keep_BxL, x_BxL, self.mask_id)
 
-  def loss(self, apply: ApplyFn, key: jax.Array, x_BxL: jax.Array):
+  def loss(
+    self,
+    apply: ApplyFn,
+    key: jax.Array,
+    x_BxL: jax.Array,
+    loss_mask_BxL: jax.Array | None = None,
+  ):
     """One Monte-Carlo sample of the loss.
+
+    `loss_mask_BxL` (1 = real token, 0 = padding) removes padded positions
+    from the bound; padding is still corrupted and seen by the network.
 
     Returns:
       (objective_B, nelbo_B, aux): the per-sequence training objective, the
@@ -133,14 +145,18 @@ class MaskedDiffusion:
     z_BxL = self.corrupt(mask_key, x_BxL, t_B)
     logits_BxLxV = apply(z_BxL, t_B)
     masked_BxL = (z_BxL == self.mask_id).astype(jnp.float32)
+    valid_B = jnp.full((batch,), float(length))
+    if loss_mask_BxL is not None:
+      masked_BxL = masked_BxL * loss_mask_BxL
+      valid_B = loss_mask_BxL.sum(-1)
     ce_BxL = token_cross_entropy(logits_BxLxV, x_BxL) * masked_BxL
     ce_B = ce_BxL.sum(-1)
-    nelbo_B = weight_B * ce_B + self.reconstruction_nats(length)
+    nelbo_B = weight_B * ce_B + self.reconstruction_nats(valid_B)
     if self.loss_type == 'elbo':
       objective_B = nelbo_B
     else:
       objective_B = ce_B
-    aux = {'masked_fraction': masked_BxL.mean(-1), 't': t_B}
+    aux = {'masked_fraction': masked_BxL.sum(-1) / valid_B, 't': t_B}
     return objective_B, nelbo_B, aux
 
   def reverse_probs(

@@ -21,22 +21,35 @@ from ddlm_jax.training.steps import make_apply
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef', 'process', 'samples'))
-def sequence_nll(params, key, x_BxL, *, graphdef, process, samples: int):
+def sequence_nll(
+  params, key, x_BxL, mask_BxL=None, *, graphdef, process, samples: int
+):
   """Per-sequence NELBO (nats), averaged over `samples` draws: [B]."""
   apply = make_apply(graphdef, params)
 
   def one(key):
-    return process.loss(apply, key, x_BxL)[1]
+    return process.loss(apply, key, x_BxL, mask_BxL)[1]
 
   return jnp.mean(jax.lax.map(one, jax.random.split(key, samples)), axis=0)
 
 
-def summarize_nll(nll_per_seq: np.ndarray, length: int) -> dict[str, float]:
-  """Mean and standard error in nats/token, bits/token and perplexity."""
-  per_token = np.asarray(nll_per_seq, np.float64) / length
-  n = per_token.size
-  mean = float(per_token.mean())
-  stderr = float(per_token.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
+def summarize_nll(nll_per_seq, tokens_per_seq) -> dict[str, float]:
+  """Mean and standard error in nats/token, bits/token and perplexity.
+
+  nats/token is total NLL over total tokens; with equal-length sequences its
+  standard error is the usual one of per-sequence means, and with padding
+  the delta-method error of that ratio.
+  """
+  nll = np.asarray(nll_per_seq, np.float64)
+  tokens = np.broadcast_to(np.asarray(tokens_per_seq, np.float64), nll.shape)
+  n = nll.size
+  mean = float(nll.sum() / tokens.sum())
+  resid = nll - mean * tokens
+  stderr = (
+    float(np.sqrt(np.sum(resid**2) / (n * (n - 1))) / tokens.mean())
+    if n > 1
+    else 0.0
+  )
   ln2 = math.log(2.0)
   return {
     'nats_per_token': mean,
@@ -45,7 +58,7 @@ def summarize_nll(nll_per_seq: np.ndarray, length: int) -> dict[str, float]:
     'bits_per_token_stderr': stderr / ln2,
     'perplexity_bound': math.exp(mean),
     'num_sequences': n,
-    'num_tokens': n * length,
+    'num_tokens': int(tokens.sum()),
   }
 
 
@@ -58,20 +71,29 @@ def evaluate_likelihood(
   key: jax.Array,
   time_samples: int = 1,
 ) -> dict[str, float]:
-  """NELBO/NLL over `batches` of int32 [B, L]."""
+  """NELBO/NLL over `batches`: int32 [B, L] arrays, or dicts with 'tokens'
+  and an optional float 'loss_mask' [B, L] (1 = real token)."""
   samples = 1 if process.causal else time_samples
-  per_seq, length = [], None
-  for i, x_BxL in enumerate(batches):
-    length = x_BxL.shape[1]
+  per_seq, counts = [], []
+  for i, batch in enumerate(batches):
+    if not isinstance(batch, dict):
+      batch = {'tokens': batch}
+    x_BxL = jnp.asarray(batch['tokens'])
+    mask = batch.get('loss_mask')
     nll_B = sequence_nll(
       params,
       jax.random.fold_in(key, i),
-      jnp.asarray(x_BxL),
+      x_BxL,
+      None if mask is None else jnp.asarray(mask, jnp.float32),
       graphdef=graphdef,
       process=process,
       samples=samples,
     )
     per_seq.append(np.asarray(nll_B))
+    if mask is None:
+      counts.append(np.full(x_BxL.shape[0], x_BxL.shape[1], np.float64))
+    else:
+      counts.append(np.asarray(mask, np.float64).sum(-1))
   if not per_seq:
     raise ValueError('evaluation received no batches.')
-  return summarize_nll(np.concatenate(per_seq), length)
+  return summarize_nll(np.concatenate(per_seq), np.concatenate(counts))

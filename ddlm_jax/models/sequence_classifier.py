@@ -6,11 +6,19 @@ head -> logits_BxC. Loss and accuracy are on that token only, as in the
 PD-SSM paper.
 
 Mixers come from the ``MIXERS`` registry: 'pdssm', 'complex_diag',
-'selective_diag', 'lstm' are built in. HOOK for other baselines (the
-transformer): call ``register_mixer('transformer', factory)`` with
+'selective_diag', 'lstm' and 'transformer' are built in. HOOK for other
+baselines: call ``register_mixer(name, factory)`` with
 ``factory(config, rngs) -> nnx.Module`` whose ``__call__(x_BxLxD, mask_BxL)``
-returns y_BxLxD; ``ClassifierConfig(mixer='transformer')`` then works
-unchanged. Extra mixer options can travel in ``ClassifierConfig.mixer_kwargs``.
+returns y_BxLxD; ``ClassifierConfig(mixer=name)`` then works unchanged. A
+mixer is wrapped in ``ssm.SSMBlock`` (pre-norm residual + MLP) unless it is
+registered with ``full_block=True``: then the factory builds the whole block.
+Extra mixer options travel in ``ClassifierConfig.mixer_kwargs``.
+
+'transformer' is the suite's own ``transformer.Block`` (RMSNorm, causal
+rotary attention, GELU MLP of ``mlp_ratio * D``, no time conditioning) as a
+full block; option ``num_heads`` (default 4) in ``mixer_kwargs``. Causal
+attention needs no padding mask: the padding of right-padded sequences comes
+after the last real token, whose readout therefore never sees it.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ddlm_jax.models import ssm
+from ddlm_jax.models import ssm, transformer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,23 +94,76 @@ def _lstm_factory(cfg: ClassifierConfig, rngs: nnx.Rngs) -> nnx.Module:
   )
 
 
+class TransformerBlockMixer(nnx.Module):
+  """``transformer.Block`` (causal, untimed) with the mixer call signature."""
+
+  def __init__(self, cfg: ClassifierConfig, rngs: nnx.Rngs):
+    kwargs = dict(cfg.mixer_kwargs)
+    num_heads = int(kwargs.pop('num_heads', 4))
+    if kwargs:
+      raise ValueError(
+        f'transformer mixer takes only num_heads in mixer_kwargs, got '
+        f'{sorted(kwargs)}.'
+      )
+    tcfg = transformer.TransformerConfig(
+      vocab_size=cfg.vocab_size,
+      input_vocab_size=cfg.vocab_size,
+      width=cfg.d_model,
+      num_heads=num_heads,
+      mlp_dim=max(1, int(cfg.mlp_ratio * cfg.d_model)),
+      mlp_kind='gelu',
+      causal=True,
+      time_conditioning=False,
+    )
+    self.block = transformer.Block(tcfg, rngs=rngs)
+
+  def __call__(
+    self, x_BxLxD: jax.Array, mask_BxL: jax.Array | None = None
+  ) -> jax.Array:
+    del mask_BxL  # Causal: right padding never reaches earlier positions.
+    return self.block(x_BxLxD, None)
+
+
 MIXERS: dict[str, MixerFactory] = {
   'pdssm': _ssm_factory('pdssm'),
   'complex_diag': _ssm_factory('complex_diag'),
   'selective_diag': _ssm_factory('selective_diag'),
   'lstm': _lstm_factory,
+  'transformer': TransformerBlockMixer,
 }
+# Mixers whose factory builds the whole residual block (no SSMBlock wrapper).
+FULL_BLOCK_MIXERS: set[str] = {'transformer'}
 
 
 def register_mixer(
-  name: str, factory: MixerFactory, *, overwrite: bool = False
+  name: str,
+  factory: MixerFactory,
+  *,
+  overwrite: bool = False,
+  full_block: bool = False,
 ) -> None:
-  """Adds a mixer (e.g. 'transformer') usable as ClassifierConfig.mixer."""
+  """Adds a mixer usable as ClassifierConfig.mixer.
+
+  ``full_block=True``: the factory's module is a whole residual block (norms,
+  MLP and residuals included) and is not wrapped in ``ssm.SSMBlock``.
+  """
   if name in MIXERS and not overwrite:
     raise ValueError(
       f'mixer {name!r} is already registered; pass overwrite=True.'
     )
   MIXERS[name] = factory
+  FULL_BLOCK_MIXERS.discard(name)
+  if full_block:
+    FULL_BLOCK_MIXERS.add(name)
+
+
+def _make_block(config: ClassifierConfig, rngs: nnx.Rngs) -> nnx.Module:
+  mixer = MIXERS[config.mixer](config, rngs)
+  if config.mixer in FULL_BLOCK_MIXERS:
+    return mixer
+  return ssm.SSMBlock(
+    config.d_model, mixer, mlp_ratio=config.mlp_ratio, rngs=rngs
+  )
 
 
 class SequenceClassifier(nnx.Module):
@@ -129,15 +190,7 @@ class SequenceClassifier(nnx.Module):
       rngs=rngs,
     )
     self.blocks = nnx.List(
-      [
-        ssm.SSMBlock(
-          D,
-          MIXERS[config.mixer](config, rngs),
-          mlp_ratio=config.mlp_ratio,
-          rngs=rngs,
-        )
-        for _ in range(config.num_layers)
-      ]
+      [_make_block(config, rngs) for _ in range(config.num_layers)]
     )
     self.norm = ssm.rms_norm(D, rngs)
     # The class axis reuses the 'vocab' logical name (output vocabulary).

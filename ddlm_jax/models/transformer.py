@@ -47,6 +47,7 @@ class TransformerConfig:
   rope_theta: float = 10_000.0
   attention_impl: str = 'xla'
   dtype: str = 'float32'  # Compute dtype; parameters stay float32.
+  remat: bool = False  # Rematerialise each block in the backward pass.
 
   def __post_init__(self):
     if self.attention_impl not in ATTENTION_IMPLS:
@@ -173,8 +174,11 @@ class Transformer(nnx.Module):
   def backbone(self, x_BxLxD: jax.Array, t_B=None) -> jax.Array:
     """Blocks and final norm over input embeddings: hidden states."""
     c_BxC = self.condition(t_B)
+    call = lambda block, x, c: block(x, c)
+    if self.cfg.remat:
+      call = nnx.remat(call)
     for block in self.blocks:
-      x_BxLxD = block(x_BxLxD, c_BxC)
+      x_BxLxD = call(block, x_BxLxD, c_BxC)
     return self.final_norm(x_BxLxD)
 
   def logits(self, h_BxLxD: jax.Array) -> jax.Array:

@@ -23,6 +23,7 @@ DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
   'mlp': 'tensor',
   'heads': 'tensor',
   'head_dim': None,
+  'qkv': None,
   'vocab': 'tensor',
   'cond': None,
   'modulation': None,

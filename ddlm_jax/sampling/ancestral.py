@@ -2,31 +2,78 @@
 
 Steps run from t = 1 down to 0 on a uniform grid of T steps. At each step a
 masked token is revealed with probability (alpha(s) - alpha(t)) / (1 -
-alpha(t)), drawn from p_theta; revealed tokens never change. With a time-free
-network the prediction depends only on z_t, so when a step reveals nothing
-the next step reuses the cached prediction without calling the network
-(MDLM's ddpm_cache). The network is called at most once per distinct z_t, so
-NFE <= min(T, number of steps that reveal something + 1).
+alpha(t)), drawn from p_theta; revealed tokens never change; the last step
+reveals whatever is left. With a time-free network the prediction depends
+only on z_t, so a step that reveals nothing needs no network call (MDLM's
+ddpm_cache, RADD). The cache here is per row (grid.jump_fill): each row skips
+its own idle steps, so NFE <= min(T, length) and, for T >> length, NFE is
+close to the number of distinct states of the slowest row. use_cache=False
+walks every step and returns the same tokens for the same key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from typing import ClassVar
 
 import jax
-import jax.numpy as jnp
 
-from ddlm_jax.diffusion.masked import MaskedDiffusion
-from ddlm_jax.sampling.noise import filter_logits, sample_categorical
+from ddlm_jax.sampling import grid as grid_lib
+from ddlm_jax.sampling.base import Sampler, require_int
+from ddlm_jax.sampling.common import ApplyFn
 
-# apply(z_BxL, t_B) -> logits_BxLxV
-ApplyFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AncestralSampler(Sampler):
+  """T-step ancestral sampling (MD4/MDLM), optionally cached.
+
+  Attributes:
+    num_steps: T; with T >= length most steps are free when cached.
+    use_cache: per-row caching; needs a time-free network.
+  """
+
+  name: ClassVar[str] = 'ancestral'
+
+  num_steps: int = 128
+  use_cache: bool = True
+
+  def __post_init__(self):
+    super().__post_init__()
+    require_int('num_steps', self.num_steps, 1)
+    self._set(use_cache=bool(self.use_cache))
+
+  @property
+  def needs_time_free(self) -> bool:
+    return self.use_cache
+
+  def grid(self, process) -> grid_lib.Grid:
+    return grid_lib.make_grid(process, grid_lib.uniform_times(self.num_steps))
+
+  def fill(self, apply, key, process, z_BxL, window_BxL):
+    applies = self._applies(apply)
+    grid = self.grid(process)
+    if self.use_cache:
+      z, nfe = grid_lib.jump_fill(
+        applies, key, process, z_BxL, window_BxL, grid, filters=self.filters
+      )
+    else:
+      z, nfe = grid_lib.stepwise_fill(
+        applies,
+        key,
+        process,
+        z_BxL,
+        window_BxL,
+        grid,
+        use_cache=False,
+        filters=self.filters,
+      )
+    return z, nfe[0]
 
 
 def ancestral_sample(
   apply: ApplyFn,
   key: jax.Array,
-  process: MaskedDiffusion,
+  process,
   *,
   batch: int,
   length: int,
@@ -46,43 +93,13 @@ def ancestral_sample(
       fixed and never change (prefix prompts, infilling).
     num_steps: T; with T >= length most steps reveal nothing and are free.
   """
-  if num_steps < 1:
-    raise ValueError(f'num_steps must be >= 1, got {num_steps}.')
-  mask_id = process.mask_id
-  if prompt_BxL is None:
-    z_BxL = jnp.full((batch, length), mask_id, jnp.int32)
-  else:
-    z_BxL = prompt_BxL.astype(jnp.int32)
-  vocab = process.vocab_size
-
-  def predict(z, t):
-    logits = apply(z, jnp.full((z.shape[0],), t, jnp.float32))
-    logits = filter_logits(
-      logits, temperature=temperature, top_k=top_k, top_p=top_p
-    )
-    return jax.nn.log_softmax(logits, axis=-1)
-
-  def step(i, carry):
-    z, logp_cache, cache_ok, nfe, key = carry
-    key, draw_key = jax.random.split(key)
-    t = 1.0 - i / num_steps
-    s = 1.0 - (i + 1) / num_steps
-    need_call = jnp.logical_not(cache_ok) if use_cache else jnp.bool_(True)
-    logp = jax.lax.cond(need_call, lambda: predict(z, t), lambda: logp_cache)
-    nfe = nfe + need_call.astype(jnp.int32)
-    q = process.reverse_probs(jnp.exp(logp), z, s, t)
-    is_last = i == num_steps - 1
-    # At the last step everything still masked is revealed (MD4's schedules
-    # keep alpha(0) = 1 - eps < 1, which would otherwise leave masks).
-    stay = jnp.where(is_last, 0.0, q[..., vocab:])
-    q = jnp.concatenate([q[..., :vocab], stay], axis=-1)
-    draw = sample_categorical(draw_key, jnp.log(q))
-    is_masked = z == mask_id
-    z_new = jnp.where(is_masked, draw, z).astype(jnp.int32)
-    changed = jnp.any(z_new != z)
-    return z_new, logp, jnp.logical_not(changed), nfe, key
-
-  logp0 = jnp.zeros((batch, length, vocab), jnp.float32)
-  init = (z_BxL, logp0, jnp.bool_(False), jnp.int32(0), key)
-  z_BxL, _, _, nfe, _ = jax.lax.fori_loop(0, num_steps, step, init)
-  return z_BxL, nfe
+  sampler = AncestralSampler(
+    num_steps=num_steps,
+    use_cache=use_cache,
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+  )
+  return sampler(
+    apply, key, process, batch=batch, length=length, prompt_BxL=prompt_BxL
+  )

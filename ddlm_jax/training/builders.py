@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 
 import jax
 import numpy as np
-from flax import nnx
 
-from ddlm_jax.data import corpus, pipeline, tokenizers
+from ddlm_jax.data import corpus, pipeline, sources, tokenizers
 from ddlm_jax.diffusion import Autoregressive, MaskedDiffusion, get_schedule
-from ddlm_jax.models import Transformer, TransformerConfig
+from ddlm_jax.models import Transformer, TransformerConfig, hybrid
 
 PROCESSES = ('mdlm', 'md4', 'ar')
 
@@ -37,9 +37,10 @@ def build_process(cfg, vocab_size: int):
 
 
 def model_config(cfg, process) -> TransformerConfig:
+  model_keys, _ = hybrid.split_model_keys(cfg.to_dict())
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-  kwargs = {k: v for k, v in cfg.to_dict().items() if k in fields}
-  unknown = set(cfg.to_dict()) - fields
+  kwargs = {k: v for k, v in model_keys.items() if k in fields}
+  unknown = set(model_keys) - fields
   if unknown:
     raise ValueError(
       f'config.model has keys the transformer does not take: '
@@ -56,6 +57,9 @@ def model_config(cfg, process) -> TransformerConfig:
 def model_builder(cfg, process):
   """build(rngs) -> Transformer, as init_train_state expects."""
   mcfg = model_config(cfg, process)
+  if cfg.get('backbone', 'transformer') == 'hybrid':
+    hcfg = hybrid.hybrid_config(mcfg, cfg.to_dict())
+    return lambda rngs: hybrid.HybridTransformer(hcfg, rngs=rngs)
   return lambda rngs: Transformer(mcfg, rngs=rngs)
 
 
@@ -65,24 +69,76 @@ def count_params(params) -> int:
 
 @dataclasses.dataclass
 class Data:
+  """A run's tokenizer and splits.
+
+  For the text corpora ('shakespeare', 'text_files') ``splits`` holds each
+  split's int32 token ids and ``source`` is None. For the dataset sources
+  ('text8', 'lm1b', 'openwebtext'; ``ddlm_jax.data.sources``) ``source``
+  serves the batches and ``splits`` is a lazy view of it (membership reads
+  nothing; indexing materialises a packed split's token stream).
+  ``eval_batches`` and ``train_batches`` work for both.
+  """
+
   tokenizer: tokenizers.Tokenizer
-  splits: dict[str, np.ndarray]  # token ids per split
+  splits: Mapping[str, np.ndarray]  # token ids per split
+  source: sources.Source | None = None
+
+  def eval_batches(
+    self,
+    split: str,
+    *,
+    seq_len: int,
+    batch_size: int,
+    max_batches: int | None = None,
+  ) -> list[dict[str, np.ndarray]]:
+    """Deterministic eval batches: dicts with 'tokens' int32 [B, L] and,
+    for padded sources, 'loss_mask' float32 [B, L]."""
+    if split not in self.splits:
+      raise ValueError(
+        f'split {split!r} is not in the corpus; have {list(self.splits)}.'
+      )
+    if self.source is not None:
+      return self.source.eval_batches(
+        split, seq_len=seq_len, batch_size=batch_size, max_batches=max_batches
+      )
+    batches = pipeline.eval_batches(
+      self.splits[split],
+      seq_len=seq_len,
+      batch_size=batch_size,
+      max_batches=max_batches,
+      split_name=split,
+    )
+    return [{'tokens': b} for b in batches]
 
 
 def prepare_data(cfg, workdir: str | None) -> Data:
   """Loads the corpus, fits or reloads the tokenizer, encodes the splits.
 
   A tokenizer saved in workdir/tokenizer (from an earlier start of the same
-  run) is reused, so a resumed run keeps its vocabulary.
+  run) is reused, so a resumed run keeps its vocabulary. Dataset sources
+  ('text8', 'lm1b', 'openwebtext') read their data lazily, on first use of
+  a split, so a run whose tokenizer is saved can be restored for evaluation
+  without its training data.
   """
+  tok_dir = os.path.join(workdir, 'tokenizer') if workdir else None
+  has_saved = bool(tok_dir) and os.path.exists(
+    os.path.join(tok_dir, tokenizers.TOKENIZER_FILENAME)
+  )
+  if cfg.corpus in sources.CORPORA:
+    saved = sources.load_saved_tokenizer(tok_dir) if has_saved else None
+    source = sources.build_source(cfg, tokenizer=saved)
+    if tok_dir and saved is None:
+      source.tokenizer.save(tok_dir)
+    return Data(
+      tokenizer=source.tokenizer,
+      splits=sources.SplitTokens(source),
+      source=source,
+    )
   kwargs = {}
   if cfg.corpus == 'text_files':
     kwargs = {k: v for k, v in cfg.files.to_dict().items() if v}
   texts = corpus.load_text_splits(cfg.corpus, **kwargs)
-  tok_dir = os.path.join(workdir, 'tokenizer') if workdir else None
-  if tok_dir and os.path.exists(
-    os.path.join(tok_dir, tokenizers.TOKENIZER_FILENAME)
-  ):
+  if has_saved:
     tok = tokenizers.load_tokenizer(tok_dir)
   else:
     tok_kwargs = {}
@@ -104,15 +160,15 @@ def train_batches(cfg, data: Data, seed: int):
     raise ValueError(
       f'data.batch_size={cfg.batch_size} must divide across {count} processes.'
     )
-  return pipeline.train_iterator(
-    data.splits['train'],
+  kwargs = dict(
     seq_len=cfg.seq_len,
     batch_size=cfg.batch_size // count,
     seed=seed,
     shard_index=jax.process_index(),
     shard_count=count,
   )
-
-
-def abstract_model(cfg, process):
-  return nnx.eval_shape(lambda: model_builder(cfg, process)(nnx.Rngs(0)))
+  if data.source is not None:
+    return data.source.train_iterator(
+      **kwargs, num_threads=cfg.get('num_threads', 1)
+    )
+  return pipeline.train_iterator(data.splits['train'], **kwargs)

@@ -19,16 +19,14 @@ import time
 import jax
 import numpy as np
 
-from ddlm_jax.data import pipeline
 from ddlm_jax.evaluation.likelihood import evaluate_likelihood
 from ddlm_jax.parallel import batch_sharding, make_mesh
-from ddlm_jax.sampling import ancestral_sample, autoregressive_sample
 from ddlm_jax.training import builders, plots
 from ddlm_jax.training.checkpoint import Checkpointer
 from ddlm_jax.training.metrics import MetricsWriter, Progress
 from ddlm_jax.training.optimizer import make_optimizer
 from ddlm_jax.training.state import init_train_state
-from ddlm_jax.training.steps import jit_train_step, make_apply
+from ddlm_jax.training.steps import jit_train_step
 
 log = logging.getLogger(__name__)
 
@@ -131,14 +129,10 @@ class Run:
 
   def evaluate(self, split: str, *, num_batches, time_samples, seed=0):
     cfg = self.config
-    if split not in self.data.splits:
-      raise ValueError(
-        f'split {split!r} is not in the corpus; have {list(self.data.splits)}.'
-      )
     batch = cfg.eval.batch_size
     self._check_batch(batch, 'eval.batch_size')
-    batches = pipeline.eval_batches(
-      self.data.splits[split],
+    batches = self.data.eval_batches(
+      split,
       seq_len=cfg.data.seq_len,
       batch_size=batch,
       max_batches=num_batches or None,
@@ -153,50 +147,20 @@ class Run:
     )
 
   def sample(self):
-    """Draws config.sample.num_samples sequences; returns (texts, stats)."""
-    cfg = self.config.sample
-    apply = make_apply(self.graphdef, self.eval_params())
-    kwargs = dict(
-      batch=cfg.num_samples,
-      length=self.config.data.seq_len,
-      temperature=cfg.temperature,
-      top_k=cfg.top_k,
-      top_p=cfg.top_p,
-    )
-    if self.process.causal:
-      fn = lambda key: autoregressive_sample(apply, key, self.process, **kwargs)
-    else:
-      if cfg.use_cache and self.config.model.time_conditioning:
-        raise ValueError(
-          'sample.use_cache needs a time-free network; set '
-          '--config.sample.use_cache=False for time-conditioned models.'
-        )
-      fn = lambda key: ancestral_sample(
-        apply,
-        key,
-        self.process,
-        num_steps=cfg.steps,
-        use_cache=cfg.use_cache,
-        **kwargs,
-      )
-    fn = jax.jit(fn)
-    key = jax.random.key(cfg.seed)
-    fn(key)[0].block_until_ready()  # compile
-    t0 = time.perf_counter()
-    tokens, nfe = fn(key)
-    tokens = np.asarray(tokens)
-    wall = time.perf_counter() - t0
-    texts = [self.data.tokenizer.decode(row) for row in tokens]
-    stats = {
-      'nfe': int(nfe),
-      'steps': int(cfg.steps) if not self.process.causal else tokens.shape[1],
-      'num_samples': len(texts),
-      'sample_seconds': wall,
-      'sample_tokens_per_sec': tokens.size / max(wall, 1e-9),
-    }
-    return texts, stats
+    """Draws config.sample.num_samples sequences; returns (texts, stats).
+
+    config.sample picks the sampler (`sampler`: a name or a spec such as
+    'eb:gamma=0.1', plus `params`), the AR `scorer` run for gen-ppl and
+    MAUVE, and the `light_workdir` of model scheduling. stats holds NFE,
+    FLOPs, wall-clock rates, entropy and repetition (and the scores); see
+    ddlm_jax.evaluation.sample_run.sample_and_score.
+    """
+    from ddlm_jax.evaluation.sample_run import sample_and_score
+
+    return sample_and_score(self)
 
   def write_samples(self, texts, stats):
+    """samples.txt and the metrics JSON sample_stats.json in the workdir."""
     with open(os.path.join(self.workdir, 'samples.txt'), 'w') as f:
       for i, text in enumerate(texts):
         f.write(f'=== sample {i} ===\n{text}\n\n')
@@ -208,7 +172,15 @@ def _write_json(path, obj):
     json.dump(obj, f, indent=2, sort_keys=True)
 
 
-def _to_device(batch_np: dict, sharding) -> dict:
+def _to_device(batch_np: dict, sharding, vocab_size: int) -> dict:
+  tokens = np.asarray(batch_np['tokens'])
+  if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
+    bad = tokens.max() if tokens.max() >= vocab_size else tokens.min()
+    raise ValueError(
+      f'The data pipeline produced token id {int(bad)}, outside the '
+      f'vocabulary [0, {vocab_size}). The tokenizer and the data disagree; '
+      'rebuild the tokenizer (delete workdir/tokenizer) or fix the source.'
+    )
   return {
     k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
     for k, v in batch_np.items()
@@ -231,6 +203,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     config.optim.ema_decay,
     run.shardings,
     run.mesh,
+    accum_steps=config.optim.grad_accum_steps,
   )
   sharding = batch_sharding(run.mesh)
   tokens_per_step = config.data.batch_size * config.data.seq_len
@@ -249,7 +222,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     progress.start(step)
     t_mark = time.perf_counter()
     while step < stop_at:
-      batch = _to_device(next(iterator), sharding)
+      batch = _to_device(next(iterator), sharding, run.process.vocab_size)
       run.state, metrics = step_fn(run.state, batch)
       step += 1
       if step == start + 1:  # Exclude compilation from the throughput.
@@ -314,7 +287,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     summary['validation'] = final
     print(
       f'final validation: {final["bits_per_token"]:.4f} +- '
-      f'{final["bits_per_token_stderr"]:.4f} bits/token, perplexity <= '
+      f'{final["bits_per_token_stderr"]:.4f} bits/token, perplexity '
+      f'{"=" if run.process.causal else "<="} '
       f'{final["perplexity_bound"]:.3f}',
       flush=True,
     )
@@ -364,7 +338,11 @@ def evaluate_checkpoint(config, workdir: str, split='validation') -> dict:
 
 
 def sample_checkpoint(config, workdir: str) -> dict:
-  """--mode=sample: restores the newest checkpoint and writes samples."""
+  """--mode=sample: restores the newest checkpoint, writes samples + metrics.
+
+  The metrics JSON (workdir/sample_stats.json) has NFE, FLOPs, tokens/s,
+  entropy and repetition, and gen-ppl/MAUVE when config.sample.scorer is set.
+  """
   run = Run(config, workdir)
   step = run.restore()
   if step == 0:
@@ -372,10 +350,10 @@ def sample_checkpoint(config, workdir: str) -> dict:
       f'No checkpoint in {workdir}/checkpoints; train first (--mode=train).'
     )
   texts, stats = run.sample()
+  stats['step'] = step
   run.write_samples(texts, stats)
   run.checkpointer.close()
-  stats['step'] = step
-  return stats
+  return {k: v for k, v in stats.items() if not isinstance(v, list)}
 
 
 __all__ = [

@@ -11,14 +11,34 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
 
   c.data = ml_collections.ConfigDict()
-  c.data.corpus = 'shakespeare'  # 'shakespeare' | 'text_files'
+  # Text corpora: 'shakespeare' | 'text_files'. Dataset sources
+  # (ddlm_jax.data.sources): 'text8' | 'lm1b' | 'openwebtext'.
+  c.data.corpus = 'shakespeare'
   c.data.files = ml_collections.ConfigDict(
     {'train': '', 'validation': '', 'test': ''}
   )
-  c.data.tokenizer = 'char'  # 'char' | 'byte' | 'bpe'
+  c.data.tokenizer = 'char'  # Text corpora: 'char' | 'byte' | 'bpe'.
   c.data.bpe_vocab_size = 4096
   c.data.seq_len = 128
   c.data.batch_size = 32  # Global batch.
+  # Dataset sources. data_dir: text8 -> folder of text8.zip; lm1b -> TFDS
+  # data_dir ('' = TFDS default); openwebtext -> save_to_disk folder ('' =
+  # datasets.load_dataset(hf_dataset) from the HF cache).
+  c.data.data_dir = ''
+  c.data.cache_dir = ''  # Packed token streams ('' = ~/.cache/ddlm_jax).
+  # lm1b/openwebtext tokenizer: HF name or tokenizer.json path ('' = the
+  # dataset's: bert-base-uncased / gpt2). 'test:wordpiece' / 'test:bytebpe'
+  # train a TEST-ONLY stand-in on the local data (smoke presets).
+  c.data.hf_tokenizer = ''
+  c.data.test_tokenizer_vocab = 512
+  c.data.packing = 'packed'  # 'packed' | 'padded' (lm1b; adds loss_mask).
+  c.data.wrap = 'bos_eos'  # Packed rows: 'bos_eos' (MDLM) | 'eos' (md4).
+  c.data.detokenize = False  # Detokenize before tokenizing (MDLM's LM1B).
+  c.data.hf_dataset = 'Skylion007/openwebtext'
+  c.data.owt_split = 'mdlm'  # 'mdlm': last docs held out | 'md4': 2% rows.
+  c.data.owt_validation_docs = 100_000
+  c.data.owt_validation_fraction = 0.02
+  c.data.num_threads = 1  # grain reader threads (padded sources tokenize).
 
   c.process = ml_collections.ConfigDict()
   c.process.kind = 'mdlm'  # 'mdlm' | 'md4' | 'ar'
@@ -40,7 +60,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.tied_embeddings = False
   c.model.rope_theta = 10_000.0
   c.model.attention_impl = 'xla'
-  c.model.dtype = 'float32'
+  c.model.dtype = 'float32'  # Compute dtype ('bfloat16' on TPU/GPU).
+  c.model.remat = False  # Recompute each block in the backward pass.
+  # 'hybrid': a per-layer pattern of attention (A) and bidirectional SSM (S)
+  # mixers (ddlm_jax.models.hybrid); depth must equal len(pattern).
+  c.model.backbone = 'transformer'  # 'transformer' | 'hybrid'
+  c.model.pattern = 'ASAS'
+  c.model.ssm_kind = 'pdssm'  # 'pdssm' | 'complex_diag' | 'selective_diag'
+  c.model.state_size = 64
+  c.model.num_dict = 8
+  c.model.scan_impl = 'auto'
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-3
@@ -51,6 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.grad_clip = 1.0
   c.optim.final_lr_fraction = 0.1
   c.optim.ema_decay = 0.0  # 0 disables the parameter EMA.
+  c.optim.grad_accum_steps = 1  # Micro-batches per step (same global batch).
 
   c.train = ml_collections.ConfigDict()
   c.train.num_steps = 1000
@@ -76,6 +106,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.sample.top_k = 0
   c.sample.top_p = 1.0
   c.sample.seed = 0
+  # Sampler by name or spec ('eb:gamma=0.1'); ddlm_jax.sampling.registry.
+  # Names: ancestral, first_hitting, confidence, eb, remdm, semi_ar,
+  # scheduled. `steps`, `use_cache` and the filters above feed the samplers
+  # that take them; `params` (config files) and the spec override them.
+  c.sample.sampler = 'ancestral'
+  c.sample.params = ml_collections.ConfigDict()
+  c.sample.prefix = ''  # Text prompt: fixed first tokens of every sample.
+  c.sample.light_workdir = ''  # Light network run for sampler 'scheduled'.
+  c.sample.scorer = ''  # AR run dir: gen-ppl (and MAUVE) of the samples.
+  c.sample.mauve = False  # MAUVE vs validation text (needs mauve-text).
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 is filled.

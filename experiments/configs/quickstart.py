@@ -17,6 +17,18 @@ def get_config(preset: str = ''):
   c = base_config()
   c.process.kind = 'mdlm'
   c.process.schedule = 'loglinear'
+  # Sized for ~10 minutes on 2 CPU cores (docs/RESULTS.md). At this budget
+  # (~1e13 FLOPs) a small model is compute-optimal: width 128 reaches a lower
+  # bound per minute than width 192.
+  c.model.width = 128
+  c.model.depth = 4
+  c.model.num_heads = 4
+  c.optim.learning_rate = 3e-3
+  c.optim.warmup_steps = 50
+  c.train.num_steps = 1000
+  c.train.eval_every = 250
+  c.train.checkpoint_every = 250
+  c.eval.final_time_samples = 2
   if preset == 'smoke':
     apply_smoke(c)
   elif preset:

@@ -1,0 +1,244 @@
+"""OpenWebText through HF ``datasets``, GPT-2 tokens, packed to 1024.
+
+Data: the 8,013,769 documents of OpenWebText (one ``train`` split, column
+``text``), read either from a folder written by ``Dataset.save_to_disk``
+(``config.data.data_dir``; the offline route, e.g. copied to every host) or
+with ``datasets.load_dataset(config.data.hf_dataset, split='train')``, which
+uses the local HF cache (and the Hub unless ``HF_DATASETS_OFFLINE=1``).
+``python -m ddlm_jax.data.openwebtext --save_to=DIR`` downloads and saves it.
+
+Tokenizer: ``gpt2`` (``<|endoftext|>`` is both BOS and EOS). Each document
+is followed by EOS and the documents are joined into one stream, cached on
+disk as uint16 (~18 GB for all of OWT) and memory-mapped. Rows of
+``seq_len`` tokens are framed by ``config.data.wrap``: ``'bos_eos'`` (MDLM:
+``[BOS] ... [EOS]`` around every row) or ``'eos'`` (md4: plain 1024-token
+chunks of the EOS-separated stream).
+
+Splits (``config.data.owt_split``):
+
+* ``'mdlm'``: the last ``owt_validation_docs`` (100,000) documents are
+  validation, the rest train (MDLM's ``train[:-100000]`` /
+  ``train[-100000:]``);
+* ``'md4'``: the whole corpus is cut into rows and a seeded
+  ``owt_validation_fraction`` (2%) of the rows is validation. md4's
+  ``prepare_openwebtext_data.py`` does the same per group of 10k documents
+  with an unseeded shuffle, so its exact rows cannot be reproduced; here the
+  choice is a fixed seeded permutation (``MD4_SPLIT_SEED``) over all rows.
+
+MDLM groups the concatenation per 1000-document ``map`` batch (dropping each
+batch's tail); this stream drops only the final tail, and the training
+windows move by a random per-epoch offset (``ddlm_jax.data.pipeline``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+
+from ddlm_jax.data import tokenizers as tok_lib
+from ddlm_jax.data.pretrained import (
+  TEST_TOKENIZERS,
+  DataUnavailableError,
+  HFTokenizer,
+  build_test_tokenizer,
+  load_hf_tokenizer,
+)
+from ddlm_jax.data.sources import (
+  PackedSplit,
+  Source,
+  TextColumn,
+  cached_stream,
+  default_cache_dir,
+  document_stream,
+  framing_ids,
+  stream_dtype,
+  tokenizer_fingerprint,
+)
+
+DEFAULT_TOKENIZER = 'gpt2'
+NUM_DOCUMENTS = 8_013_769
+OWT_SPLITS = ('mdlm', 'md4')
+MD4_SPLIT_SEED = 0x4D44
+_TEST_TOKENIZER_DOCS = 5_000
+
+
+def save_command(hf_dataset: str, target: str = '~/ddlm_data/openwebtext'):
+  return (
+    'python -m ddlm_jax.data.openwebtext '
+    f'--hf_dataset={hf_dataset} --save_to={target}'
+  )
+
+
+def owt_records(cfg):
+  """The OWT ``train`` records: ``load_from_disk`` or ``load_dataset``.
+
+  Raises:
+    DataUnavailableError: neither the folder nor a cached copy exists.
+  """
+  import datasets
+
+  if cfg.data_dir:
+    path = os.path.expanduser(cfg.data_dir)
+    if not os.path.isdir(path):
+      raise DataUnavailableError(
+        f'OpenWebText folder {path} not found. Save the dataset there with:'
+        f'\n  {save_command(cfg.hf_dataset, cfg.data_dir)}'
+      )
+    ds = datasets.load_from_disk(path)
+    if isinstance(ds, datasets.DatasetDict):
+      if 'train' not in ds:
+        raise ValueError(f'{path} holds splits {list(ds)}, no train split.')
+      ds = ds['train']
+    return ds
+  try:
+    return datasets.load_dataset(cfg.hf_dataset, split='train')
+  except Exception as e:  # noqa: BLE001 - network, cache and script errors.
+    raise DataUnavailableError(
+      f'Could not load {cfg.hf_dataset!r} from the HF cache or Hub '
+      f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}). '
+      'On a machine with internet save it once with:\n  '
+      f'{save_command(cfg.hf_dataset)}\nthen pass '
+      '--config.data.data_dir=~/ddlm_data/openwebtext.'
+    ) from e
+
+
+def _tokenizer(cfg, tokenizer, records):
+  if tokenizer is not None:
+    return HFTokenizer.wrap(tokenizer)
+  name = cfg.hf_tokenizer or DEFAULT_TOKENIZER
+  if name in TEST_TOKENIZERS:
+    docs = TextColumn(records(), 'text')
+    texts = docs.get_many(range(min(len(docs), _TEST_TOKENIZER_DOCS)))
+    return build_test_tokenizer(name, texts, cfg.test_tokenizer_vocab)
+  return load_hf_tokenizer(name)
+
+
+def md4_window_split(
+  num_windows: int, fraction: float, seed: int = MD4_SPLIT_SEED
+) -> tuple[np.ndarray, np.ndarray]:
+  """(train, validation) row ids: a seeded ``fraction`` of rows held out."""
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f'owt_validation_fraction {fraction} not in (0, 1).')
+  n_val = max(1, int(round(fraction * num_windows)))
+  if n_val >= num_windows:
+    raise ValueError(
+      f'{num_windows} rows are too few to hold out {n_val} for validation.'
+    )
+  perm = np.random.default_rng([seed, num_windows]).permutation(num_windows)
+  return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def openwebtext_source(
+  cfg, tokenizer: tok_lib.Tokenizer | None = None
+) -> Source:
+  """The OpenWebText Source of a ``config.data`` block (module docstring)."""
+  if cfg.owt_split not in OWT_SPLITS:
+    raise ValueError(
+      f'data.owt_split={cfg.owt_split!r}; choose one of {OWT_SPLITS}.'
+    )
+  if cfg.packing != 'packed':
+    raise ValueError(
+      "OpenWebText is packed only; set --config.data.packing='packed'."
+    )
+  state: dict = {}
+
+  def records():
+    if 'records' not in state:
+      state['records'] = owt_records(cfg)
+    return state['records']
+
+  tok = _tokenizer(cfg, tokenizer, records)
+  specials = tok.special_ids
+  bos, eos = framing_ids(cfg.wrap, specials, 'OpenWebText')
+  fingerprint = tokenizer_fingerprint(tok)
+  cache_dir = default_cache_dir(cfg.cache_dir)
+
+  def stream(start: int, stop: int | None, tag: str):
+    recs = records()
+    docs = TextColumn(recs, 'text', start=start, stop=stop)
+    meta = {
+      'dataset': 'openwebtext',
+      'num_documents_total': len(recs),
+      'documents': [docs._start, docs._stop],
+      'tokenizer': fingerprint,
+      'eos': specials.eos,
+    }
+    return cached_stream(
+      cache_dir,
+      f'openwebtext-{tag}-{docs._start}-{docs._stop}-{fingerprint}',
+      meta,
+      lambda: document_stream(
+        docs, tok, specials.eos, label=f'openwebtext {tag}'
+      ),
+      dtype=stream_dtype(tok.vocab_size),
+    )
+
+  def mdlm_range(split):
+    n = len(records())
+    n_val = int(cfg.owt_validation_docs)
+    if not 0 < n_val < n:
+      raise ValueError(
+        f'owt_validation_docs={n_val} must be in (0, {n}) for a corpus of '
+        f'{n} documents.'
+      )
+    return (0, n - n_val) if split == 'train' else (n - n_val, n)
+
+  def factory(split):
+    def build():
+      if cfg.owt_split == 'mdlm':
+        start, stop = mdlm_range(split)
+        return PackedSplit(stream(start, stop, split), bos=bos, eos=eos)
+      tokens = stream(0, None, 'all')
+      grid = PackedSplit(tokens, bos=bos, eos=eos)
+      inner = grid.inner_len(cfg.seq_len)
+      train, val = md4_window_split(
+        tokens.shape[0] // inner, cfg.owt_validation_fraction
+      )
+      return PackedSplit(
+        tokens,
+        bos=bos,
+        eos=eos,
+        window_ids=train if split == 'train' else val,
+        grid_len=cfg.seq_len,
+      )
+
+    return build
+
+  return Source(
+    'openwebtext',
+    tok,
+    {name: factory(name) for name in ('train', 'validation')},
+    notes=f'{cfg.owt_split} split; wrap={cfg.wrap}.',
+  )
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(
+    description='Download OpenWebText and save it with save_to_disk.'
+  )
+  parser.add_argument('--save_to', required=True)
+  parser.add_argument('--hf_dataset', default='Skylion007/openwebtext')
+  parser.add_argument('--num_proc', type=int, default=8)
+  args = parser.parse_args(argv)
+  import datasets
+
+  ds = datasets.load_dataset(
+    args.hf_dataset, split='train', num_proc=args.num_proc
+  )
+  ds.save_to_disk(os.path.expanduser(args.save_to))
+  print(f'{len(ds)} documents -> {args.save_to}')
+
+
+if __name__ == '__main__':
+  main()
+
+
+__all__ = [
+  'DEFAULT_TOKENIZER',
+  'OWT_SPLITS',
+  'md4_window_split',
+  'openwebtext_source',
+  'owt_records',
+]

@@ -1,0 +1,208 @@
+"""Sampling from a Run with measurements: the body of `--mode=sample`.
+
+`draw_samples` runs one sampler on a restored run, compiled ahead of time so
+that the timed execution excludes compilation, and reports NFE, FLOPs (per
+network for model scheduling) and wall-clock rates. `sample_and_score` adds
+the content metrics, gen-ppl from an AR scorer run and MAUVE, as configured
+in the run's `sample` block (keys documented in experiments/configs/common).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ddlm_jax.evaluation import cost
+from ddlm_jax.evaluation.sample_metrics import (
+  ARScorer,
+  sample_quality,
+  throughput,
+)
+from ddlm_jax.sampling.autoregressive import autoregressive_sample
+from ddlm_jax.sampling.common import prefix_prompt
+from ddlm_jax.sampling.registry import sampler_from_config
+from ddlm_jax.training.steps import make_apply
+
+
+def _cfg_get(cfg, key, default=None):
+  return cfg.get(key, default) if hasattr(cfg, 'get') else default
+
+
+def model_flops(run, batch: int, length: int) -> float:
+  """Forward FLOPs of one call of the run's network."""
+  from ddlm_jax.training import builders
+
+  mcfg = builders.model_config(run.config.model, run.process)
+  return cost.transformer_flops(mcfg, batch, length)
+
+
+def _check_time_free(sampler, run):
+  if sampler.needs_time_free and run.config.model.time_conditioning:
+    raise ValueError(
+      f'sampler {sampler.name!r} with caching needs a time-free network; set '
+      '--config.sample.use_cache=False (or use_cache=False in its params) '
+      'for time-conditioned models.'
+    )
+
+
+def draw_samples(
+  run,
+  sampler=None,
+  *,
+  num_samples: int,
+  seed: int = 0,
+  light_run=None,
+  prompt_BxL=None,
+  calls: int = 1,
+):
+  """Samples from a run; returns (tokens [calls * N, L] numpy, stats).
+
+  `calls` > 1 repeats the compiled sampler with seeds seed, seed + 1, ...
+  (e.g. batch 1 for per-sample NFE of adaptive samplers, whose batched NFE
+  is set by the slowest row); NFE is then the mean per call.
+
+  Args:
+    sampler: a ddlm_jax.sampling sampler (None: from run.config.sample);
+      ignored for AR runs.
+    light_run: the light network's run for the 'scheduled' sampler.
+  """
+  length = run.config.data.seq_len
+  apply = make_apply(run.graphdef, run.eval_params())
+  flops_per_call = [model_flops(run, num_samples, length)]
+  if run.process.causal:
+    cfg = run.config.sample
+    fn = lambda key: autoregressive_sample(
+      apply,
+      key,
+      run.process,
+      batch=num_samples,
+      length=length,
+      temperature=cfg.temperature,
+      top_k=cfg.top_k,
+      top_p=cfg.top_p,
+    )
+    name, steps = 'autoregressive', length
+  else:
+    if sampler is None:
+      sampler = sampler_from_config(run.config.sample)
+    _check_time_free(sampler, run)
+    if sampler.num_models == 2:
+      if light_run is None:
+        raise ValueError(
+          f'sampler {sampler.name!r} needs a light network: set '
+          '--config.sample.light_workdir to a trained run directory.'
+        )
+      light = make_apply(light_run.graphdef, light_run.eval_params())
+      apply = (apply, light)
+      flops_per_call.append(model_flops(light_run, num_samples, length))
+    prompt = None if prompt_BxL is None else jnp.asarray(prompt_BxL)
+    fn = lambda key: sampler(
+      apply,
+      key,
+      run.process,
+      batch=num_samples,
+      length=length,
+      prompt_BxL=prompt,
+    )
+    name, steps = sampler.name, getattr(sampler, 'num_steps', length)
+  compiled = jax.jit(fn).lower(jax.random.key(seed)).compile()
+  tokens, nfes, seconds = [], [], 0.0
+  for r in range(calls):
+    t0 = time.perf_counter()
+    tok, nfe = compiled(jax.random.key(seed + r))
+    tokens.append(np.asarray(tok))
+    seconds += time.perf_counter() - t0
+    nfes.append(np.asarray(nfe))
+  tokens = np.concatenate(tokens)
+  nfe = np.mean(nfes, axis=0)  # per call
+  total = tokens.shape[0]
+  stats = throughput(total, length, seconds, nfe)
+  flops = sum(cost.sampling_flops(n, flops_per_call) for n in nfes)
+  stats.update(
+    sampler=name,
+    sampler_params=_params_of(sampler),
+    steps=int(steps),
+    num_samples=total,
+    batch=num_samples,
+    nfe=float(np.sum(nfe)) if calls > 1 else int(np.sum(nfe)),
+    sample_tokens_per_sec=stats['tokens_per_sec'],
+    # Every call serves its whole batch: NFE per sample = NFE per call.
+    nfe_per_sample=float(np.sum(nfe)),
+    flops_per_call=[float(f) for f in flops_per_call],  # whole batch
+    flops_per_sample=flops / total,
+    flops_total=flops,
+  )
+  if calls > 1:
+    stats['nfe_calls'] = [float(np.sum(n)) for n in nfes]
+  if nfe.ndim:
+    stats['nfe_per_model'] = dict(zip(('heavy', 'light'), nfe.tolist()))
+  return tokens, stats
+
+
+def _params_of(sampler) -> dict:
+  if sampler is None:
+    return {}
+  import dataclasses
+
+  return {f.name: getattr(sampler, f.name) for f in dataclasses.fields(sampler)}
+
+
+def reference_texts(run, num: int, split: str = 'validation') -> list[str]:
+  """`num` evenly spaced windows of real text (MAUVE's reference)."""
+  data = run.data.splits.get(split)
+  if data is None:
+    raise ValueError(f'split {split!r} missing; have {list(run.data.splits)}.')
+  length = run.config.data.seq_len
+  starts = np.linspace(0, max(0, data.size - length), num).astype(int)
+  return [run.data.tokenizer.decode(data[s : s + length]) for s in starts]
+
+
+def sample_and_score(run, *, scorer=None, scorer_run=None, light_run=None):
+  """--mode=sample: samples per run.config.sample; returns (texts, stats).
+
+  Args:
+    scorer: an ARScorer; else one from scorer_run, else from the run dir in
+      config.sample.scorer (none: no gen-ppl / MAUVE).
+    light_run: the light network's run ('scheduled'); else loaded from
+      config.sample.light_workdir.
+  """
+  from ddlm_jax.training.restore import load_run
+
+  cfg = run.config.sample
+  num = int(cfg.num_samples)
+  if light_run is None and _cfg_get(cfg, 'light_workdir', ''):
+    light_run = load_run(cfg.light_workdir)
+  prompt = None
+  prefix = _cfg_get(cfg, 'prefix', '')
+  if prefix and not run.process.causal:
+    ids = run.data.tokenizer.encode(prefix)[None].repeat(num, 0)
+    prompt = prefix_prompt(ids, run.config.data.seq_len, run.process.mask_id)
+  tokens, stats = draw_samples(
+    run,
+    num_samples=num,
+    seed=int(cfg.seed),
+    light_run=light_run,
+    prompt_BxL=prompt,
+  )
+  texts = [run.data.tokenizer.decode(row) for row in tokens]
+  if scorer is None and scorer_run is None and _cfg_get(cfg, 'scorer', ''):
+    scorer_run = load_run(cfg.scorer)
+  if scorer is None and scorer_run is not None:
+    scorer = ARScorer.from_run(scorer_run)
+    stats['scorer'] = scorer_run.workdir
+  same = scorer is not None and scorer.tokenizer == run.data.tokenizer
+  use_mauve = bool(_cfg_get(cfg, 'mauve', False)) and scorer is not None
+  stats.update(
+    sample_quality(
+      texts,
+      tokens,
+      scorer=scorer,
+      same_tokenizer=same,
+      reference_texts=reference_texts(run, num) if use_mauve else None,
+      mauve=use_mauve,
+    )
+  )
+  return texts, stats

@@ -1,0 +1,133 @@
+"""Pieces every masked-diffusion sampler shares.
+
+The initial state from an optional prompt (conditioning: prefix prompts and
+infilling), the filtered log-probabilities of one network call, Gumbel noise
+keyed by (row, step) so that two samplers that visit the same states draw
+the same tokens, the inverse of a schedule (a time for a masked fraction),
+and top-n selection of masked positions by a score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ddlm_jax.sampling.noise import filter_logits, gumbel
+
+# apply(z_BxL, t_B) -> logits_BxLxV
+ApplyFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def check_process(process) -> None:
+  """Samplers here need an absorbing (masked) process with a schedule."""
+  if getattr(process, 'causal', False) or not hasattr(process, 'schedule'):
+    raise TypeError(
+      f'{type(process).__name__} is not a masked-diffusion process; use '
+      'ddlm_jax.sampling.autoregressive_sample for the AR twin.'
+    )
+
+
+def initial_state(
+  process, batch: int, length: int, prompt_BxL: jax.Array | None
+) -> jax.Array:
+  """All-mask z, or the prompt (its non-mask positions stay fixed)."""
+  if batch < 1 or length < 1:
+    raise ValueError(f'batch and length must be >= 1, got {batch}, {length}.')
+  if prompt_BxL is None:
+    return jnp.full((batch, length), process.mask_id, jnp.int32)
+  if tuple(prompt_BxL.shape) != (batch, length):
+    raise ValueError(
+      f'prompt_BxL has shape {tuple(prompt_BxL.shape)}, expected '
+      f'(batch, length) = {(batch, length)}; put the mask id '
+      f'{process.mask_id} at the positions to generate.'
+    )
+  return jnp.asarray(prompt_BxL).astype(jnp.int32)
+
+
+def prefix_prompt(prefix_BxP, length: int, mask_id: int) -> np.ndarray:
+  """A prompt that fixes the first P tokens and masks the rest."""
+  prefix_BxP = np.atleast_2d(np.asarray(prefix_BxP, np.int32))
+  if prefix_BxP.shape[1] > length:
+    raise ValueError(
+      f'prefix of {prefix_BxP.shape[1]} tokens is longer than the '
+      f'sequence length {length}.'
+    )
+  out = np.full((prefix_BxP.shape[0], length), mask_id, np.int32)
+  out[:, : prefix_BxP.shape[1]] = prefix_BxP
+  return out
+
+
+def infill_prompt(tokens_BxL, keep_BxL, mask_id: int) -> np.ndarray:
+  """A prompt that keeps tokens where keep_BxL is True, masks elsewhere."""
+  tokens_BxL = np.asarray(tokens_BxL, np.int32)
+  keep_BxL = np.broadcast_to(np.asarray(keep_BxL, bool), tokens_BxL.shape)
+  return np.where(keep_BxL, tokens_BxL, mask_id).astype(np.int32)
+
+
+def log_probs(
+  apply: ApplyFn,
+  z_BxL: jax.Array,
+  t_B: jax.Array,
+  *,
+  temperature: float,
+  top_k: int,
+  top_p: float,
+) -> jax.Array:
+  """One network call: filtered log p_theta(x0 | z), [B, L, V] float32."""
+  logits = apply(z_BxL, t_B.astype(jnp.float32))
+  logits = filter_logits(
+    logits, temperature=temperature, top_k=top_k, top_p=top_p
+  )
+  return jax.nn.log_softmax(logits, axis=-1)
+
+
+def row_gumbel(row_keys_B: jax.Array, step_B: jax.Array, shape) -> jax.Array:
+  """Gumbel noise for row b at step step_B[b]: [B, *shape].
+
+  Keyed by (row, step) only, so a sampler that skips a row's idle steps
+  draws exactly the tokens that the step-by-step sampler draws.
+  """
+  return jax.vmap(lambda k, i: gumbel(jax.random.fold_in(k, i), shape))(
+    row_keys_B, step_B
+  )
+
+
+def alpha_inverse(schedule, alpha: jax.Array, iters: int = 40) -> jax.Array:
+  """t with schedule.alpha(t) = alpha (bisection; alpha decreases in t)."""
+  alpha = jnp.asarray(alpha, jnp.float32)
+  lo = jnp.zeros_like(alpha)
+  hi = jnp.ones_like(alpha)
+
+  def body(_, bounds):
+    lo, hi = bounds
+    mid = 0.5 * (lo + hi)
+    above = schedule.alpha(mid) > alpha  # alpha(mid) too high: t is later.
+    return jnp.where(above, mid, lo), jnp.where(above, hi, mid)
+
+  lo, hi = jax.lax.fori_loop(0, iters, body, (lo, hi))
+  return 0.5 * (lo + hi)
+
+
+def time_for_masked_fraction(schedule, z_BxL: jax.Array, mask_id: int):
+  """The time whose expected masked fraction 1 - alpha(t) matches z's."""
+  frac_B = jnp.mean((z_BxL == mask_id).astype(jnp.float32), axis=-1)
+  return alpha_inverse(schedule, 1.0 - frac_B)
+
+
+def select_top(
+  score_BxL: jax.Array, eligible_BxL: jax.Array, n_B: jax.Array
+) -> jax.Array:
+  """Marks the n_B[b] eligible positions with the highest score per row."""
+  score = jnp.where(eligible_BxL, score_BxL, -jnp.inf)
+  order_BxL = jnp.argsort(-score, axis=-1, stable=True)
+  rank_BxL = jnp.argsort(order_BxL, axis=-1, stable=True)
+  return eligible_BxL & (rank_BxL < n_B[:, None])
+
+
+def entropy(logp_BxLxV: jax.Array) -> jax.Array:
+  """Entropy in nats of each position's predicted distribution."""
+  p = jnp.exp(logp_BxLxV)
+  return -jnp.sum(jnp.where(p > 0, p * logp_BxLxV, 0.0), axis=-1)

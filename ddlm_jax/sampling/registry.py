@@ -1,0 +1,126 @@
+"""Sampler registry: a config picks a sampler by name with its parameters.
+
+  sampler = get_sampler('eb', gamma=0.1)
+  tokens_BxL, nfe = sampler(apply, key, process, batch=4, length=128)
+
+Names: ancestral, first_hitting, confidence, eb, remdm, semi_ar, scheduled
+(the last takes apply = (heavy_apply, light_apply) and returns nfe as
+(heavy calls, light calls)). A spec string 'eb:gamma=0.1,temperature=0.9'
+holds a name and parameters in one command-line value; 'inner.KEY=VALUE'
+sets semi_ar's inner sampler parameters.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+
+from ddlm_jax.sampling.ancestral import AncestralSampler
+from ddlm_jax.sampling.base import Sampler
+from ddlm_jax.sampling.remdm import ReMDMSampler
+from ddlm_jax.sampling.scheduling import ScheduledSampler
+from ddlm_jax.sampling.semi_ar import SemiARSampler
+from ddlm_jax.sampling.unmasking import (
+  ConfidenceSampler,
+  EBSampler,
+  FirstHittingSampler,
+)
+
+SAMPLERS: dict[str, type[Sampler]] = {
+  cls.name: cls
+  for cls in (
+    AncestralSampler,
+    FirstHittingSampler,
+    ConfidenceSampler,
+    EBSampler,
+    ReMDMSampler,
+    SemiARSampler,
+    ScheduledSampler,
+  )
+}
+
+
+def sampler_params(name: str) -> tuple[str, ...]:
+  """The parameter names a sampler accepts."""
+  _check_name(name)
+  return tuple(f.name for f in dataclasses.fields(SAMPLERS[name]))
+
+
+def _check_name(name: str):
+  if name not in SAMPLERS:
+    raise ValueError(
+      f'unknown sampler {name!r}; choose one of {sorted(SAMPLERS)}.'
+    )
+
+
+def get_sampler(name: str, **params) -> Sampler:
+  """Builds sampler `name`; unknown or invalid parameters raise ValueError."""
+  _check_name(name)
+  allowed = sampler_params(name)
+  unknown = sorted(set(params) - set(allowed))
+  if unknown:
+    raise ValueError(
+      f'sampler {name!r} does not take {unknown}; it takes {list(allowed)}.'
+    )
+  return SAMPLERS[name](**params)
+
+
+def _literal(text: str):
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+  """'name:key=value,key=value' -> (name, params); values are literals."""
+  name, _, rest = spec.strip().partition(':')
+  items = []
+  for item in filter(None, (p.strip() for p in rest.split(','))):
+    if '=' in item:
+      items.append(item)
+    elif items:  # A value with commas, e.g. pattern=light:0.5,heavy:0.5.
+      items[-1] += ',' + item
+    else:
+      raise ValueError(
+        f'bad parameter {item!r} in sampler spec {spec!r}; write key=value.'
+      )
+  params, inner = {}, {}
+  for item in items:
+    key, _, value = item.partition('=')
+    key = key.strip()
+    if key.startswith('inner.'):
+      inner[key[len('inner.') :]] = _literal(value.strip())
+    else:
+      params[key] = _literal(value.strip())
+  if inner:
+    params['inner_params'] = inner
+  _check_name(name)
+  return name, params
+
+
+def sampler_from_config(sample_cfg) -> Sampler:
+  """The sampler of a config's `sample` block.
+
+  `sample.sampler` is a name or a spec string; `sample.params` (a dict)
+  and the spec's parameters override the block's shared keys (steps ->
+  num_steps, use_cache, temperature, top_k, top_p) where the sampler takes
+  them.
+  """
+  get = sample_cfg.get if hasattr(sample_cfg, 'get') else sample_cfg.__getitem__
+  name, spec_params = parse_spec(get('sampler', 'ancestral') or 'ancestral')
+  params = get('params', None) or {}
+  if hasattr(params, 'to_dict'):
+    params = params.to_dict()
+  shared = {
+    'num_steps': get('steps', None),
+    'use_cache': get('use_cache', None),
+    'temperature': get('temperature', None),
+    'top_k': get('top_k', None),
+    'top_p': get('top_p', None),
+  }
+  allowed = sampler_params(name)
+  merged = {k: v for k, v in shared.items() if v is not None and k in allowed}
+  merged.update(params)
+  merged.update(spec_params)
+  return get_sampler(name, **merged)

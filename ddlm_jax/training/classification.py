@@ -1,0 +1,396 @@
+"""Trainer for the state-tracking benchmark (PD-SSM paper, Table 2).
+
+``train_state_tracking(config, workdir)`` trains a ``SequenceClassifier`` on
+one task of ``ddlm_jax.data.state_tracking`` with the last-token loss, AdamW
+(warmup then cosine, ``optimizer.make_optimizer``), periodic validation at
+long lengths and a final TEST accuracy at test lengths. The workdir gets
+config.json, metrics.jsonl, summary.json and orbax checkpoints; a restarted
+run resumes from the newest checkpoint and replays the data stream to the
+same position, so it continues exactly where it stopped.
+
+Model selection: the state keeps the parameters with the best validation
+accuracy (validation uses the test lengths on a separate stream), and the
+summary reports test accuracy of those (``test_accuracy``) and of the final
+parameters (``test_accuracy_final``).
+
+A step whose loss or gradients are not finite leaves the state unchanged and
+is recorded; the run then stops, names the step and reports status 'nan'.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import time
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from ddlm_jax.data import state_tracking as st
+from ddlm_jax.models import sequence_classifier as sc
+from ddlm_jax.training import checkpoint, metrics, optimizer
+
+# Cheap XLA compilation for smoke runs (config.train.fast_compile).
+_FAST_COMPILE = {
+  'xla_backend_optimization_level': 0,
+  'xla_llvm_disable_expensive_passes': True,
+}
+
+
+@flax.struct.dataclass
+class ClassifierState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  best_params: Any  # Parameters with the best validation accuracy so far.
+  best_val_acc: jax.Array  # -1 before the first validation.
+  best_step: jax.Array
+  bad_step: jax.Array  # First non-finite step; -1 while all is well.
+
+
+def _task_kwargs(config) -> dict:
+  k = config.task.num_generators
+  return {
+    'num_generators': k or None,
+    'generator_seed': config.task.generator_seed,
+  }
+
+
+def classifier_config(config) -> sc.ClassifierConfig:
+  """ClassifierConfig for the config's task and model."""
+  vocab, classes = st.task_info(
+    config.task.name, num_generators=config.task.num_generators or None
+  )
+  m = config.model
+  extra = {'num_heads': m.num_heads} if m.mixer == 'transformer' else {}
+  return sc.ClassifierConfig(
+    vocab_size=vocab,
+    num_classes=classes,
+    mixer=m.mixer,
+    d_model=m.d_model,
+    state_size=m.state_size,
+    num_dict=m.num_dict,
+    num_layers=m.num_layers,
+    mlp_ratio=m.mlp_ratio,
+    scan_impl=m.scan_impl,
+    mixer_kwargs=tuple(extra.items()),
+  )
+
+
+def _train_stream(config, seed: int):
+  """Endless train batches: fresh samples, or epochs over a fixed set."""
+  t = config.task
+  lo, hi = t.train_lengths
+  batch = config.train.batch_size
+  kw = _task_kwargs(config)
+  if t.num_train <= 0:
+    return st.stream_batches(
+      t.name, batch, seed=seed, min_len=lo, max_len=hi, **kw
+    )
+  data = st.make_split(
+    t.name, 'train', t.num_train, seed=seed, min_len=lo, max_len=hi, **kw
+  )
+  return st.iterate_batches(data, batch, seed=seed, num_epochs=None)
+
+
+def _eval_split(config, split: str, num: int, seed: int) -> dict:
+  lo, hi = config.task.eval_lengths
+  return st.make_split(
+    config.task.name,
+    split,
+    num,
+    seed=seed,
+    min_len=lo,
+    max_len=hi,
+    **_task_kwargs(config),
+  )
+
+
+def _check_config(config) -> None:
+  t, tr = config.task, config.train
+  if t.name not in st.TASKS:
+    raise ValueError(
+      f'config.task.name={t.name!r}; choose one of {sorted(st.TASKS)}.'
+    )
+  if config.model.mixer not in sc.MIXERS:
+    raise ValueError(
+      f'config.model.mixer={config.model.mixer!r}; choose one of '
+      f'{sorted(sc.MIXERS)}.'
+    )
+  if tr.num_steps < 1 or tr.batch_size < 1 or config.eval.batch_size < 1:
+    raise ValueError(
+      'train.num_steps, train.batch_size and eval.batch_size must be >= 1.'
+    )
+  if 0 < t.num_train < tr.batch_size:
+    raise ValueError(
+      f'task.num_train={t.num_train} < train.batch_size={tr.batch_size}; '
+      'raise num_train or use 0 for fresh samples every step.'
+    )
+  if min(t.num_validation, t.num_test) < 1:
+    raise ValueError('task.num_validation and task.num_test must be >= 1.')
+
+
+def _loss_acc(model, batch):
+  logits = model(batch['tokens'], batch['lengths'])
+  return sc.classification_metrics(logits, batch['labels'])
+
+
+def _tree_finite(tree) -> jax.Array:
+  return jnp.all(
+    jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)])
+  )
+
+
+def make_train_step(graphdef, tx):
+  """(state, batch) -> (state, {'loss', 'acc'}); bad steps freeze the state."""
+
+  def step(state: ClassifierState, batch):
+    def loss_fn(params):
+      loss, acc = _loss_acc(nnx.merge(graphdef, params), batch)
+      return loss, acc
+
+    (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    finite = jnp.isfinite(loss) & _tree_finite(grads) & _tree_finite(updates)
+    ok = finite & (state.bad_step < 0)
+    keep = lambda new, old: jax.tree.map(
+      lambda n, o: jnp.where(ok, n, o), new, old
+    )
+    new = state.replace(
+      step=state.step + 1,
+      params=keep(params, state.params),
+      opt_state=keep(opt_state, state.opt_state),
+      bad_step=jnp.where(
+        (state.bad_step < 0) & ~finite, state.step + 1, state.bad_step
+      ),
+    )
+    return new, {'loss': loss, 'acc': acc}
+
+  return step
+
+
+def make_eval_step(graphdef):
+  """(params, batch with 'weight') -> (sum of correct, sum of loss)."""
+
+  def step(params, batch):
+    logits = nnx.merge(graphdef, params)(batch['tokens'], batch['lengths'])
+    nll = optax.softmax_cross_entropy_with_integer_labels(
+      logits, batch['labels']
+    )
+    hit = (jnp.argmax(logits, -1) == batch['labels']).astype(jnp.float32)
+    return (hit * batch['weight']).sum(), (nll * batch['weight']).sum()
+
+  return step
+
+
+def evaluate(eval_step, params, data: dict, batch_size: int) -> dict:
+  """Accuracy and loss over a whole split (last batch padded, weighted 0)."""
+  num = len(data['labels'])
+  hits = nll = 0.0
+  for start in range(0, num, batch_size):
+    idx = np.arange(start, start + batch_size)
+    weight = (idx < num).astype(np.float32)
+    idx = np.minimum(idx, num - 1)
+    batch = {k: v[idx] for k, v in data.items()}
+    batch['weight'] = weight
+    h, n = eval_step(params, batch)
+    hits, nll = hits + float(h), nll + float(n)
+  return {'accuracy': hits / num, 'loss': nll / num}
+
+
+@functools.lru_cache(maxsize=8)
+def _programs(ccfg: sc.ClassifierConfig, opt: tuple, fast_compile: bool):
+  """Jitted (init, train_step, eval_step) and the lr schedule.
+
+  Cached on the model config and optimiser settings, so seeds of a sweep and
+  restarts in one process reuse the compiled programs.
+  """
+  tx, schedule = optimizer.make_optimizer(**dict(opt))
+  build = lambda rngs: sc.SequenceClassifier(ccfg, rngs=rngs)
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: build(nnx.Rngs(0))))
+
+  def init(key):
+    params = nnx.to_pure_dict(nnx.state(build(nnx.Rngs(params=key))))
+    return ClassifierState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      best_params=jax.tree.map(jnp.zeros_like, params),
+      best_val_acc=jnp.full((), -1.0, jnp.float32),
+      best_step=jnp.zeros((), jnp.int32),
+      bad_step=jnp.full((), -1, jnp.int32),
+    )
+
+  jit = functools.partial(
+    jax.jit, compiler_options=_FAST_COMPILE if fast_compile else None
+  )
+  return (
+    jit(init),
+    jit(make_train_step(graphdef, tx), donate_argnums=0),
+    jit(make_eval_step(graphdef)),
+    schedule,
+  )
+
+
+def _write_json(path: str, obj) -> None:
+  with open(path + '.tmp', 'w') as f:
+    json.dump(obj, f, indent=2)
+  os.replace(path + '.tmp', path)
+
+
+def train_state_tracking(config, workdir: str) -> dict:
+  """Trains and tests one (model, task, seed) run; returns the summary.
+
+  Args:
+    config: ConfigDict from ``experiments/configs/state_tracking.py``.
+    workdir: output folder (created); an existing run there is resumed.
+
+  Returns:
+    The summary dict also written to workdir/summary.json: test and best
+    validation accuracy, steps, wall time over all starts, status ('ok' or
+    'nan').
+  """
+  _check_config(config)
+  os.makedirs(workdir, exist_ok=True)
+  _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
+  tr, seed = config.train, config.seed
+  t0 = time.time()
+
+  ccfg = classifier_config(config)
+  o = config.optim
+  warmup = int(round(o.warmup_fraction * tr.num_steps))
+  opt = dict(
+    learning_rate=o.learning_rate,
+    warmup_steps=warmup,
+    total_steps=tr.num_steps,
+    weight_decay=o.weight_decay,
+    b1=o.b1,
+    b2=o.b2,
+    grad_clip=o.grad_clip,
+    final_lr_fraction=o.final_lr_fraction,
+  )
+  init, train_step, eval_step, schedule = _programs(
+    ccfg, tuple(sorted(opt.items())), tr.fast_compile
+  )
+  state = init(jax.random.key(seed))
+  ckpt = checkpoint.Checkpointer(
+    os.path.join(workdir, 'checkpoints'), max_to_keep=tr.max_checkpoints
+  )
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  restored = ckpt.restore_latest(
+    jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state
+    )
+  )
+  wall_before = 0.0
+  if restored is not None:
+    state, data_state, _ = restored
+    wall_before = float(data_state.get('wall_s', 0.0))
+    print(f'resumed {workdir} at step {int(state.step)}', flush=True)
+  start = int(state.step)
+
+  val = _eval_split(config, 'validation', config.task.num_validation, seed)
+  stream = itertools.islice(_train_stream(config, seed), start, None)
+  writer = metrics.MetricsWriter(workdir)
+  lengths = config.task.train_lengths
+  progress = metrics.Progress(tr.num_steps, tr.batch_size * lengths[1])
+  progress.start(start)
+  print(
+    f'{config.model.mixer} on {config.task.name} (seed {seed}): '
+    f'{ccfg.d_model=} {ccfg.state_size=} {ccfg.num_layers=}, '
+    f'{tr.num_steps} steps of {tr.batch_size}',
+    flush=True,
+  )
+
+  def validate(state, step):
+    res = evaluate(eval_step, state.params, val, config.eval.batch_size)
+    writer.write(step, 'validation', res)
+    if res['accuracy'] > float(state.best_val_acc):
+      state = state.replace(
+        best_params=jax.tree.map(jnp.copy, state.params),  # no aliasing
+        best_val_acc=jnp.float32(res['accuracy']),
+        best_step=jnp.int32(step),
+      )
+    return state, res
+
+  stop = tr.num_steps
+  if tr.halt_after_steps:
+    stop = min(stop, start + tr.halt_after_steps)
+  window, status = [], 'ok'
+  for step in range(start + 1, stop + 1):
+    state, m = train_step(state, next(stream))
+    window.append(m)
+    last = step == stop
+    if step % tr.log_every == 0 or last:
+      bad = int(state.bad_step)
+      if bad >= 0:
+        status = 'nan'
+        print(
+          f'non-finite loss or gradients at step {bad}; stopping (the state '
+          'is the last finite one).',
+          flush=True,
+        )
+        writer.write(step, 'train', {'bad_step': bad})
+        break
+      mean = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
+      mean['lr'] = float(schedule(step))
+      window = []
+      rates = progress.report(step, mean)
+      writer.write(step, 'train', {**mean, **rates})
+    if step % tr.eval_every == 0 or step == tr.num_steps:
+      state, res = validate(state, step)
+      print(
+        f'step {step}: validation acc {res["accuracy"]:.4f} '
+        f'(best {float(state.best_val_acc):.4f} at {int(state.best_step)})',
+        flush=True,
+      )
+    if step % tr.checkpoint_every == 0 or last:
+      wall = wall_before + time.time() - t0
+      ckpt.save(step, state, {'batches': step, 'wall_s': wall})
+  ckpt.close()
+
+  done = int(state.step)
+  summary = {
+    'model': config.model.mixer,
+    'task': config.task.name,
+    'seed': seed,
+    'status': status,
+    'steps': done,
+    'num_steps': tr.num_steps,
+    'finished': status == 'ok' and done >= tr.num_steps,
+    'bad_step': int(state.bad_step),
+    'best_val_accuracy': float(state.best_val_acc),
+    'best_step': int(state.best_step),
+  }
+  if summary['finished'] or status == 'nan':
+    test = _eval_split(config, 'test', config.task.num_test, seed)
+    bs = config.eval.batch_size
+    params = state.best_params if float(state.best_val_acc) >= 0 else None
+    final = evaluate(eval_step, state.params, test, bs)
+    best = final if params is None else evaluate(eval_step, params, test, bs)
+    summary.update(
+      test_accuracy=best['accuracy'],
+      test_loss=best['loss'],
+      test_accuracy_final=final['accuracy'],
+      test_lengths=list(config.task.eval_lengths),
+      num_test=config.task.num_test,
+    )
+    writer.write(done, 'test', {'accuracy': best['accuracy']})
+    print(
+      f'TEST accuracy {best["accuracy"]:.4f} (best-validation params; final '
+      f'params {final["accuracy"]:.4f}) on {config.task.num_test} sequences '
+      f'of length {config.task.eval_lengths}',
+      flush=True,
+    )
+  writer.close()
+  summary['wall_s'] = round(wall_before + time.time() - t0, 1)
+  _write_json(os.path.join(workdir, 'summary.json'), summary)
+  return summary

@@ -1,0 +1,230 @@
+"""Sampler throughput: jitted samplers vs a per-step Python loop (md4-style).
+
+  python -m experiments.benchmarks.samplers [--workdir=RUN] \
+    [--steps=64,256,1024]
+
+At length 256 and batch 4 (defaults) it times, for each T, the baseline (a
+Python loop over T steps, each a jitted network call plus ancestral reveal,
+as MD4's sampler does) and the jitted samplers: the cached ancestral sampler
+at every T, and the samplers named in --fixed once (their NFE does not depend
+on T). Reports NFE, seconds, samples/s, tokens/s and the speedup over the
+baseline at the same T; baseline and cached sampler run in ABBA order
+(--repeats, best time of each) so load from other processes on a shared
+host favours neither. Without --workdir the model is a random-init
+Transformer (width 256, 4 layers; the zero-init head is randomised so the
+predictions are not uniform). Every timed call is compiled first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ddlm_jax.diffusion import MaskedDiffusion, get_schedule
+from ddlm_jax.models import Transformer, TransformerConfig
+from ddlm_jax.sampling.noise import sample_categorical
+from ddlm_jax.sampling.registry import get_sampler, parse_spec
+
+
+def random_model(args):
+  cfg = TransformerConfig(
+    vocab_size=args.vocab,
+    input_vocab_size=args.vocab + 1,
+    width=args.width,
+    depth=args.depth,
+    num_heads=args.heads,
+  )
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model, nnx.Param)
+  params = nnx.to_pure_dict(params)
+  head = params['head']['kernel']
+  params['head']['kernel'] = 0.05 * jax.random.normal(
+    jax.random.key(1), head.shape
+  )
+  process = MaskedDiffusion(get_schedule('loglinear'), vocab_size=args.vocab)
+  return graphdef, params, process
+
+
+def load_model(workdir):
+  from ddlm_jax.training.restore import load_run
+
+  run = load_run(workdir)
+  return run.graphdef, run.eval_params(), run.process
+
+
+def baseline(apply_params, process, key, *, batch, length, steps):
+  """md4-style: a Python loop, one jitted network call per step."""
+  mask_id, vocab = process.mask_id, process.vocab_size
+
+  @jax.jit
+  def step(z, key, i):
+    t = 1.0 - i / steps
+    s = 1.0 - (i + 1) / steps
+    logits = apply_params(z, jnp.full((batch,), t))
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    q = process.reverse_probs(probs, z, s, t)
+    stay = jnp.where(i == steps - 1, 0.0, q[..., vocab:])
+    q = jnp.concatenate([q[..., :vocab], stay], axis=-1)
+    draw = sample_categorical(key, jnp.log(q))
+    return jnp.where(z == mask_id, draw, z).astype(jnp.int32)
+
+  def run(key):
+    z = jnp.full((batch, length), mask_id, jnp.int32)
+    for i in range(steps):
+      key, sub = jax.random.split(key)
+      z = step(z, sub, i)
+    return z, steps
+
+  return run
+
+
+def _once(fn, key):
+  t0 = time.perf_counter()
+  tokens, nfe = fn(key)
+  jax.block_until_ready(tokens)
+  return time.perf_counter() - t0, int(np.sum(np.asarray(nfe)))
+
+
+def timed(fn, key):
+  jax.block_until_ready(fn(key))  # compile / warm up
+  return _once(fn, key)
+
+
+def timed_pair(fn_a, fn_b, key, repeats: int):
+  """Best times of two functions run in ABBA order (fair on busy hosts)."""
+  jax.block_until_ready(fn_a(key))
+  jax.block_until_ready(fn_b(key))
+  best_a, best_b = (np.inf, 0), (np.inf, 0)
+  for r in range(repeats):
+    order = (fn_a, fn_b) if r % 2 == 0 else (fn_b, fn_a)
+    for fn in order:
+      sec, nfe = _once(fn, key)
+      if fn is fn_a:
+        best_a = min(best_a, (sec, nfe))
+      else:
+        best_b = min(best_b, (sec, nfe))
+  return best_a, best_b
+
+
+def nfe_table(length: int, batch: int, steps_list, vocab: int = 65):
+  """NFE of the ancestral sampler vs T: per-row cache, batch cache, none.
+
+  The reveal schedule of ancestral sampling does not depend on the network,
+  so a free dummy network gives the exact NFE of any model. The batch-level
+  cache (reuse only when no row changed; MDLM's ddpm_cache on a batch) is
+  ReMDM with eta = 0 and use_cache.
+  """
+  process = MaskedDiffusion(get_schedule('loglinear'), vocab_size=vocab)
+  dummy = lambda z, t: jnp.zeros(z.shape + (vocab,))
+  rows = []
+  for steps in steps_list:
+    out = {'T': steps, 'length': length, 'batch': batch}
+    for label, sampler in (
+      ('nfe_per_row_cache', get_sampler('ancestral', num_steps=steps)),
+      (
+        'nfe_batch_cache',
+        get_sampler('remdm', num_steps=steps, eta=0.0, use_cache=True),
+      ),
+    ):
+      fn = jax.jit(
+        lambda k, s=sampler: s(dummy, k, process, batch=batch, length=length)
+      )
+      out[label] = int(fn(jax.random.key(0))[1])
+    out['nfe_no_cache'] = steps
+    rows.append(out)
+    print(json.dumps(out), flush=True)
+  return rows
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--workdir', default='', help='run dir (else random model)')
+  p.add_argument('--steps', default='64,256,1024')
+  p.add_argument('--length', type=int, default=256)
+  p.add_argument('--batch', type=int, default=4)
+  p.add_argument('--width', type=int, default=256)
+  p.add_argument('--depth', type=int, default=4)
+  p.add_argument('--heads', type=int, default=4)
+  p.add_argument('--vocab', type=int, default=65)
+  p.add_argument(
+    '--fixed',
+    default='confidence:tokens_per_step=4',
+    help="';'-separated sampler specs timed once",
+  )
+  p.add_argument('--repeats', type=int, default=2, help='ABBA repeats')
+  p.add_argument(
+    '--repeat_max_steps', type=int, default=256, help='repeat only T <= this'
+  )
+  p.add_argument('--out', default='', help='write the rows as JSON here')
+  p.add_argument(
+    '--nfe_table',
+    action='store_true',
+    help='only print NFE vs --steps for the caches (free dummy network)',
+  )
+  args = p.parse_args()
+  if args.nfe_table:
+    nfe_table(args.length, args.batch, [int(s) for s in args.steps.split(',')])
+    return
+
+  if args.workdir:
+    graphdef, params, process = load_model(args.workdir)
+  else:
+    graphdef, params, process = random_model(args)
+  model = nnx.merge(graphdef, params)
+  apply = lambda z, t: model(z, t)
+  key = jax.random.key(0)
+  shape = dict(batch=args.batch, length=args.length)
+  tokens = args.batch * args.length
+  rows = []
+
+  def record(name, steps, seconds, nfe, base=None):
+    row = {
+      'sampler': name,
+      'T': steps,
+      'nfe': nfe,
+      'seconds': seconds,
+      'ms_per_call': 1e3 * seconds / max(nfe, 1),
+      'samples_per_sec': args.batch / seconds,
+      'tokens_per_sec': tokens / seconds,
+      'speedup_vs_baseline': (base / seconds) if base else None,
+    }
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+  for steps in [int(s) for s in args.steps.split(',')]:
+    sampler = get_sampler('ancestral', num_steps=steps, use_cache=True)
+    fn = jax.jit(lambda k, s=sampler: s(apply, k, process, **shape))
+    base_fn = baseline(apply, process, key, steps=steps, **shape)
+    repeats = args.repeats if steps <= args.repeat_max_steps else 1
+    (base_s, base_nfe), (sec, nfe) = timed_pair(base_fn, fn, key, repeats)
+    record('baseline_python_loop', steps, base_s, base_nfe)
+    record('ancestral_cached', steps, sec, nfe, base_s)
+  for spec in filter(None, args.fixed.split(';')):
+    name, params = parse_spec(spec)
+    sampler = get_sampler(name, **params)
+    fn = jax.jit(lambda k, s=sampler: s(apply, k, process, **shape))
+    sec, nfe = timed(fn, key)
+    record(spec, 0, sec, nfe)
+
+  print('\n| sampler | T | NFE | s | samples/s | tokens/s | vs baseline |')
+  print('|---|---|---|---|---|---|---|')
+  for r in rows:
+    sp = r['speedup_vs_baseline']
+    print(
+      f'| {r["sampler"]} | {r["T"] or "-"} | {r["nfe"]} | '
+      f'{r["seconds"]:.2f} | {r["samples_per_sec"]:.3f} | '
+      f'{r["tokens_per_sec"]:.1f} | {f"{sp:.2f}x" if sp else ""} |'
+    )
+  if args.out:
+    with open(args.out, 'w') as f:
+      json.dump(rows, f, indent=2)
+
+
+if __name__ == '__main__':
+  main()

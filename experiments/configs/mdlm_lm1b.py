@@ -1,0 +1,83 @@
+"""MDLM on LM1B: bert-base-uncased tokens, L = 128, one sentence per row.
+
+Paper: Sahoo et al. 2024 (MDLM), LM1B test perplexity <= 27.04 (the row of
+MDLM's LM1B table trained on 33B tokens). Recipe (MDLM repo ``data=lm1b``:
+``wrap: False``): each sentence detokenized with MDLM's LM1B detokenizer,
+tokenized as ``[CLS] ids[:126] [SEP]`` and padded to 128 with ``[PAD]``,
+the padding excluded from the loss by ``batch['loss_mask']``
+(``data.packing='padded'``; ``'packed'`` is the ``wrap: True`` variant);
+validation = the LM1B test split; log-linear schedule, SUBS, no time
+conditioning, 12 x 768 transformer, global batch 512, Adam (b2 0.999) lr 3e-4
+with 2,500 warmup steps then constant, gradient clip 1.0, EMA 0.9999. Steps:
+1,000,000 (MDLM's ``trainer.max_steps``); 33B tokens at 512 x 128 per step
+is ~500k steps, so compare the curve at both points.
+
+Sized for: a Cloud TPU v5p-16 slice (8 chips, 2 hosts; 64 sentences per chip)
+or one 8-GPU host; ~6e13 FLOPs and 65k token slots per step.
+
+Data: ``python -m ddlm_jax.data.lm1b --data_dir=~/ddlm_data/tfds`` (no
+TensorFlow needed) or ``tfds build lm1b --file_format=array_record
+--data_dir=~/ddlm_data/tfds``; the tokenizer is read from the HF cache
+(docs/LAUNCH.md).
+
+Launch:
+  python -m experiments.run --config=experiments/configs/mdlm_lm1b.py \
+    --workdir=$HOME/runs/mdlm_lm1b
+
+Presets: ``mdlm_lm1b.py:smoke`` (seconds on CPU: tests/fixtures/lm1b, a
+TFDS ArrayRecord copy with 1,200 sentences, and a TEST-ONLY WordPiece
+tokenizer trained on it).
+"""
+
+from experiments import recipes
+from experiments.configs.common import base_config
+
+
+def get_config(preset: str = ''):
+  recipes.check_preset(preset)
+  c = base_config()
+  c.seed = 1
+  c.data.corpus = 'lm1b'
+  c.data.data_dir = f'{recipes.DATA_ROOT}/tfds'
+  c.data.hf_tokenizer = 'bert-base-uncased'
+  c.data.seq_len = 128
+  c.data.batch_size = 512
+  c.data.packing = 'padded'
+  c.data.wrap = 'bos_eos'
+  c.data.detokenize = True
+  c.data.num_threads = 4  # Sentences are tokenized on the fly.
+
+  c.process.kind = 'mdlm'
+  c.process.schedule = 'loglinear'
+  c.process.num_steps = 0
+  c.process.t_min = 1e-3
+  c.process.antithetic = True
+
+  recipes.small_model(c, time_conditioning=False)
+  c.model.dtype = 'bfloat16'
+
+  c.optim.learning_rate = 3e-4
+  c.optim.warmup_steps = 2_500
+  c.optim.weight_decay = 0.0
+  c.optim.b2 = 0.999
+  c.optim.grad_clip = 1.0
+  c.optim.final_lr_fraction = 1.0  # Constant after warmup.
+  c.optim.ema_decay = 0.9999
+
+  c.train.num_steps = 1_000_000
+  c.train.log_every = 500
+  c.train.eval_every = 10_000
+  c.train.checkpoint_every = 5_000
+
+  c.eval.batch_size = 512
+  c.eval.num_batches = 8
+  c.eval.final_num_batches = 0  # All 306,688 test sentences.
+  c.eval.final_time_samples = 1
+
+  c.sample.num_samples = 8
+  c.sample.steps = 1_000
+  c.sample.use_cache = True
+  if preset == 'smoke':
+    recipes.apply_paper_smoke(c)
+    c.data.num_threads = 1
+  return c
