@@ -60,7 +60,6 @@ SPECS = {
   'confidence_k': dict(tokens_per_step=3, score='max_prob'),
   'confidence_cos': dict(num_steps=3, schedule='cosine', score='margin'),
   'eb': dict(gamma=0.0),
-  'eb_loose': dict(gamma=3.0),
   'remdm': dict(num_steps=40, eta=0.3),
   'remdm_loop': dict(num_steps=12, eta=0.3, strategy='loop'),
   'semi_ar': dict(

@@ -44,29 +44,43 @@ def test_fake_devices_available():
   assert jax.device_count() == 8
 
 
-def test_sharded_loss_and_grads_equal_single_device(tokens):
-  results = []
-  for shape in [(1, 1, 1), (2, 2, 2)]:
-    mesh, _, graphdef, state, shardings = _setup(shape)
-    grad_fn = jax.jit(
-      jax.value_and_grad(
-        functools.partial(loss_fn, graphdef=graphdef, process=PROCESS)
-      ),
-      in_shardings=(shardings.params, None, None),
-    )
-    loss, grads = grad_fn(state.params, jax.random.key(1), tokens)
-    results.append((loss, grads, state))
-  (l1, g1, s1), (l8, g8, s8) = results
+def _loss_and_grads(shape, tokens):
+  _, _, graphdef, state, shardings = _setup(shape)
+  grad_fn = jax.jit(
+    jax.value_and_grad(
+      functools.partial(loss_fn, graphdef=graphdef, process=PROCESS)
+    ),
+    in_shardings=(shardings.params, None, None),
+  )
+  loss, grads = grad_fn(state.params, jax.random.key(1), tokens)
+  return loss, grads, state
+
+
+@pytest.fixture(scope='module')
+def single_device(tokens):
+  return _loss_and_grads((1, 1, 1), tokens)
+
+
+@pytest.mark.parametrize(
+  'layout', [(2, 2, 2), (8, 1, 1), (1, 8, 1), (1, 4, 2), (2, 1, 4)]
+)
+def test_sharded_loss_and_grads_equal_single_device(
+  tokens, single_device, layout
+):
+  """Data, FSDP, tensor and mixed layouts all give one device's numbers."""
+  l1, g1, _ = single_device
+  l8, g8, s8 = _loss_and_grads(layout, tokens)
   np.testing.assert_allclose(l1, l8, rtol=1e-5)
   jax.tree.map(
     lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6),
     g1,
     g8,
   )
-  # Parameters really are split on the 8-device mesh.
-  kernel = s8.params['blocks'][0]['mlp']['up']['kernel']
-  assert kernel.sharding.spec == jax.sharding.PartitionSpec('fsdp', 'tensor')
-  assert kernel.addressable_shards[0].data.shape == (16, 64)
+  if layout == (2, 2, 2):  # Parameters really are split on this mesh.
+    kernel = s8.params['blocks'][0]['mlp']['up']['kernel']
+    spec = jax.sharding.PartitionSpec('fsdp', 'tensor')
+    assert kernel.sharding.spec == spec
+    assert kernel.addressable_shards[0].data.shape == (16, 64)
 
 
 def test_sharded_train_steps_equal_single_device(tokens):
