@@ -193,6 +193,13 @@ def train_iterator(
     shard_count=shard_count,
     random_offset=random_offset,
   )
+  return to_iterator(ds, num_threads, prefetch_buffer_size)
+
+
+def to_iterator(
+  ds: grain.MapDataset, num_threads: int = 1, prefetch_buffer_size: int = 4
+) -> grain.DatasetIterator:
+  """A checkpointable iterator over a batched MapDataset."""
   options = grain.ReadOptions(
     num_threads=num_threads, prefetch_buffer_size=prefetch_buffer_size
   )

@@ -628,10 +628,7 @@ class Source:
       shard_index=shard_index,
       shard_count=shard_count,
     )
-    options = grain.ReadOptions(
-      num_threads=num_threads, prefetch_buffer_size=prefetch_buffer_size
-    )
-    return iter(ds.to_iter_dataset(options))
+    return pipeline.to_iterator(ds, num_threads, prefetch_buffer_size)
 
   def eval_batches(
     self,

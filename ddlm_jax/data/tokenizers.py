@@ -25,6 +25,7 @@ Ids and special tokens:
 
 from __future__ import annotations
 
+import abc
 import json
 import pathlib
 from collections.abc import Iterable, Sequence
@@ -66,18 +67,19 @@ def _valid_runs(
     yield bool(valid[run[0]]), ids[run]
 
 
-class Tokenizer:
+class Tokenizer(abc.ABC):
   """Interface: ``encode``/``decode``/``save`` plus ``vocab_size``, ``kind``."""
 
   kind: str = ''
   vocab_size: int = 0
 
+  @abc.abstractmethod
   def encode(self, text: str) -> np.ndarray:
     """Returns the ids of ``text`` as a 1-D int32 array."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def _decode_valid(self, ids: np.ndarray) -> str:
-    raise NotImplementedError
+    """Text of ids that are all inside the vocabulary."""
 
   def decode(self, ids: Any, *, placeholder: str = MASK_PLACEHOLDER) -> str:
     """Returns the text of ``ids``; out-of-vocab ids become ``placeholder``."""
@@ -89,12 +91,14 @@ class Tokenizer:
       )
     return ''.join(pieces)
 
+  @abc.abstractmethod
   def _config(self) -> dict[str, Any]:
-    raise NotImplementedError
+    """JSON-serialisable state that ``_from_config`` rebuilds from."""
 
   @classmethod
+  @abc.abstractmethod
   def _from_config(cls, config: dict[str, Any]) -> Tokenizer:
-    raise NotImplementedError
+    """Inverse of ``_config``."""
 
   def save(self, directory: str | pathlib.Path) -> pathlib.Path:
     """Writes ``directory/ddlm_tokenizer.json``; returns its path."""

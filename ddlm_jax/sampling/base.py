@@ -17,6 +17,7 @@ semi-autoregressive sampler run any sampler block by block.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import ClassVar
 
@@ -40,7 +41,7 @@ def require_float(name: str, value, low: float, high: float) -> float:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Sampler:
+class Sampler(abc.ABC):
   """Base class: filtering of the predictions, and the prompt handling.
 
   Attributes:
@@ -86,9 +87,9 @@ class Sampler:
     """Whether the sampler's result is only exact for a time-free network."""
     return self.caches
 
+  @abc.abstractmethod
   def fill(self, apply, key, process, z_BxL, window_BxL):
     """Fills masked positions of z inside the window: (z_BxL, nfe)."""
-    raise NotImplementedError
 
   def _applies(self, apply):
     if self.num_models == 1:

@@ -24,6 +24,7 @@ the hitting time), so time-conditioned models work too.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from typing import ClassVar
@@ -65,8 +66,9 @@ class _Unmasking(Sampler):
     t = time_for_masked_fraction(process.schedule, z, process.mask_id)
     return t, t_B
 
+  @abc.abstractmethod
   def _select(self, key, logp, masked, step, count0_B, process):
-    raise NotImplementedError
+    """Boolean [B, L] of the masked positions to reveal this step."""
 
   def fill(self, apply, key, process, z_BxL, window_BxL):
     apply = self._applies(apply)[0]
