@@ -30,6 +30,10 @@ def main(argv):
     from ddlm_jax.training.classification import train_state_tracking
 
     return print(train_state_tracking(config, workdir))
+  if 'pipeline' in config:  # Issue 8: experiments/configs/planner_executor.py
+    from ddlm_jax.planning.trainer import run_planner_executor
+
+    return print(run_planner_executor(config, workdir))
   if _MODE.value == 'train':
     loop.train_and_evaluate(config, workdir)
   elif _MODE.value == 'eval':

@@ -17,6 +17,7 @@ from ddlm_jax.training.checkpoint import (
   IncompatibleCheckpointError,
 )
 from experiments.configs import ar_quickstart, quickstart
+from experiments.configs.common import override
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -25,13 +26,7 @@ def _config(**overrides):
   c = quickstart.get_config('smoke')
   c.sample.num_samples = 0
   c.mesh.shape = (1, 1, 1)
-  for key, value in overrides.items():
-    node = c
-    *path, leaf = key.split('.')
-    for p in path:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return override(c, overrides)
 
 
 def _records(workdir, split):

@@ -139,11 +139,19 @@ class MaskedDiffusion:
       (objective_B, nelbo_B, aux): the per-sequence training objective, the
       per-sequence NELBO in nats, and auxiliary per-sequence statistics.
     """
-    batch, length = x_BxL.shape
-    t_key, mask_key = jax.random.split(key)
-    t_B, weight_B = self.sample_times(t_key, batch)
-    z_BxL = self.corrupt(mask_key, x_BxL, t_B)
+    t_B, weight_B, z_BxL = self.draw(key, x_BxL)
     logits_BxLxV = apply(z_BxL, t_B)
+    return self.bound(logits_BxLxV, x_BxL, z_BxL, t_B, weight_B, loss_mask_BxL)
+
+  def draw(self, key: jax.Array, x_BxL: jax.Array):
+    """(t_B, weight_B, z_BxL): diffusion times, ELBO weights and z_t."""
+    t_key, mask_key = jax.random.split(key)
+    t_B, weight_B = self.sample_times(t_key, x_BxL.shape[0])
+    return t_B, weight_B, self.corrupt(mask_key, x_BxL, t_B)
+
+  def bound(self, logits_BxLxV, x_BxL, z_BxL, t_B, weight_B, loss_mask_BxL):
+    """(objective_B, nelbo_B, aux) of one prediction at z_t (see loss)."""
+    batch, length = x_BxL.shape
     masked_BxL = (z_BxL == self.mask_id).astype(jnp.float32)
     valid_B = jnp.full((batch,), float(length))
     if loss_mask_BxL is not None:

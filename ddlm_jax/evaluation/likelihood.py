@@ -73,6 +73,8 @@ def evaluate_likelihood(
 ) -> dict[str, float]:
   """NELBO/NLL over `batches`: int32 [B, L] arrays, or dicts with 'tokens'
   and an optional float 'loss_mask' [B, L] (1 = real token)."""
+  # Soft-masking evaluates its two-pass path, whatever it trains with.
+  process = getattr(process, 'evaluation_process', process)
   samples = 1 if process.causal else time_samples
   per_seq, counts = [], []
   for i, batch in enumerate(batches):

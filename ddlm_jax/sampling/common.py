@@ -84,6 +84,49 @@ def log_probs(
   return jax.nn.log_softmax(logits, axis=-1)
 
 
+def uses_feedback(applies) -> bool:
+  """Whether the networks read their previous prediction (soft-masking).
+
+  All or none: model scheduling with a soft-masked and a plain network
+  would need two kinds of loop state.
+  """
+  flags = [bool(getattr(a, 'uses_feedback', False)) for a in applies]
+  if any(flags) and not all(flags):
+    raise ValueError(
+      'mixing soft-masked and plain networks in one sampler is not '
+      'supported; use soft-masked runs for every network.'
+    )
+  return all(flags)
+
+
+def init_feedback(applies, z_BxL: jax.Array, vocab: int):
+  """Loop state for feedback networks: (previous logits, whether set).
+
+  None for plain networks, so their loops carry nothing extra. The first
+  call of a feedback network is a plain pass (no previous prediction).
+  """
+  if not uses_feedback(applies):
+    return None
+  return jnp.zeros(z_BxL.shape + (vocab,), jnp.float32), jnp.bool_(False)
+
+
+def predict(apply, z_BxL, t_B, memory, *, temperature, top_k, top_p):
+  """One network call with feedback: (filtered log-probs, new memory).
+
+  Soft-masked networks read the previous call's raw logits (memory) and
+  leave their own; plain networks ignore memory (None).
+  """
+  filters = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+  if memory is None:
+    return log_probs(apply, z_BxL, t_B, **filters), None
+  prev_BxLxV, has_prev = memory
+  logits = apply(
+    z_BxL, t_B.astype(jnp.float32), prev_logits=prev_BxLxV, use_prev=has_prev
+  )
+  logp = jax.nn.log_softmax(filter_logits(logits, **filters), axis=-1)
+  return logp, (logits.astype(jnp.float32), jnp.bool_(True))
+
+
 def row_gumbel(row_keys_B: jax.Array, step_B: jax.Array, shape) -> jax.Array:
   """Gumbel noise for row b at step step_B[b]: [B, *shape].
 

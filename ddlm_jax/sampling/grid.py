@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ddlm_jax.sampling.common import log_probs, row_gumbel
+from ddlm_jax.sampling.common import init_feedback, predict, row_gumbel
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -162,21 +162,24 @@ def stepwise_fill(
   steps, num_models = grid.num_steps, len(applies)
   remasks = grid.remasks
 
-  def predict(z, i):
+  def call(z, i, memory):
     t_B = jnp.full((batch,), t_T[i], jnp.float32)
     branches = [
-      functools.partial(log_probs, a, z, t_B, **filters) for a in applies
+      functools.partial(predict, a, z, t_B, memory, **filters) for a in applies
     ]
     if num_models == 1:
       return branches[0]()
     return jax.lax.switch(model_T[i], branches)
 
   def step(i, carry):
-    z, v, logp_cache, cache_ok, nfe = carry
+    z, v, logp_cache, cache_ok, nfe, memory = carry
     masked = (z == mask_id) & free
-    # With use_cache a call is skipped when the batch did not change.
+    # With use_cache a call is skipped when the batch did not change (a
+    # soft-masked network's feedback is cached with its prediction).
     need = ~cache_ok if use_cache else jnp.bool_(True)
-    logp = jax.lax.cond(need, lambda: predict(z, i), lambda: logp_cache)
+    logp, memory = jax.lax.cond(
+      need, lambda: call(z, i, memory), lambda: (logp_cache, memory)
+    )
     nfe = nfe + need.astype(jnp.int32) * jax.nn.one_hot(
       model_T[i], num_models, dtype=jnp.int32
     )
@@ -190,12 +193,14 @@ def stepwise_fill(
       z_new = jnp.where(remask, mask_id, z_new)
       v = jnp.where(remask, jax.random.uniform(k2, z.shape), v)
     cache_ok = ~jnp.any(z_new != z)
-    return z_new, v, logp, cache_ok, nfe
+    return z_new, v, logp, cache_ok, nfe, memory
 
   vocab = process.vocab_size
   logp0 = jnp.zeros(z_BxL.shape + (vocab,), jnp.float32)
-  init = (z_BxL, v, logp0, jnp.bool_(False), jnp.zeros(num_models, jnp.int32))
-  z_BxL, _, _, _, nfe = jax.lax.fori_loop(0, steps, step, init)
+  memory = init_feedback(applies, z_BxL, vocab)
+  nfe0 = jnp.zeros(num_models, jnp.int32)
+  init = (z_BxL, v, logp0, jnp.bool_(False), nfe0, memory)
+  z_BxL, _, _, _, nfe, _ = jax.lax.fori_loop(0, steps, step, init)
   return z_BxL, nfe
 
 
@@ -244,6 +249,8 @@ def jump_fill(
   t_T = jnp.asarray(grid.t)
   step_ids = jnp.arange(steps)
   nfe = jnp.zeros(len(applies), jnp.int32)
+  # Soft-masked networks: each row reads its own previous call's logits.
+  memory = init_feedback(applies, z_BxL, process.vocab_size)
   for start, stop, model in grid.segments():
     apply = applies[model]
     in_seg = busy_BxT & (step_ids >= start) & (step_ids < stop)
@@ -251,16 +258,18 @@ def jump_fill(
     rounds = jnp.max(jnp.sum(in_seg, axis=-1))
 
     def body(carry, apply=apply, order_BxT=order_BxT):
-      z, g = carry
+      z, g, memory = carry
       cur_B = order_BxT[:, g]
       t_B = t_T[jnp.minimum(cur_B, steps - 1)]
-      logp = log_probs(apply, z, t_B, **filters)
+      logp, memory = predict(apply, z, t_B, memory, **filters)
       tokens = _draw_tokens(logp, row_keys, cur_B)
       reveal = free & (r_BxL == cur_B[:, None])
-      return jnp.where(reveal, tokens, z), g + 1
+      return jnp.where(reveal, tokens, z), g + 1, memory
 
-    z_BxL, done = jax.lax.while_loop(
-      lambda c, rounds=rounds: c[1] < rounds, body, (z_BxL, jnp.int32(0))
+    z_BxL, done, memory = jax.lax.while_loop(
+      lambda c, rounds=rounds: c[1] < rounds,
+      body,
+      (z_BxL, jnp.int32(0), memory),
     )
     nfe = nfe.at[model].add(done)
   return z_BxL, nfe

@@ -36,7 +36,8 @@ from ddlm_jax.sampling.base import Sampler, require_float, require_int
 from ddlm_jax.sampling.common import (
   alpha_inverse,
   entropy,
-  log_probs,
+  init_feedback,
+  predict,
   select_top,
   time_for_masked_fraction,
 )
@@ -81,11 +82,11 @@ class _Unmasking(Sampler):
       return jnp.any((z == mask_id) & window_BxL)
 
     def body(carry):
-      z, key, nfe, t_B = carry
+      z, key, nfe, t_B, memory = carry
       key, tok_key, sel_key, t_key = jax.random.split(key, 4)
       masked = (z == mask_id) & window_BxL
       t_call, t_B = self._times(process, z, t_B, masked, t_key)
-      logp = log_probs(apply, z, t_call, **self.filters)
+      logp, memory = predict(apply, z, t_call, memory, **self.filters)
       if self.greedy:
         tokens = jnp.argmax(logp, axis=-1)
       else:
@@ -96,10 +97,11 @@ class _Unmasking(Sampler):
       first = select_top(jnp.zeros(z.shape), masked, jnp.ones(batch, int))
       reveal = (reveal & masked) | (none[:, None] & first)
       z = jnp.where(reveal, tokens.astype(jnp.int32), z)
-      return z, key, nfe + 1, t_B
+      return z, key, nfe + 1, t_B, memory
 
-    init = (z_BxL, key, jnp.int32(0), jnp.ones((batch,), jnp.float32))
-    z_BxL, _, nfe, _ = jax.lax.while_loop(cond, body, init)
+    memory = init_feedback([apply], z_BxL, process.vocab_size)
+    init = (z_BxL, key, jnp.int32(0), jnp.ones((batch,), jnp.float32), memory)
+    z_BxL, _, nfe, _, _ = jax.lax.while_loop(cond, body, init)
     return z_BxL, nfe
 
 

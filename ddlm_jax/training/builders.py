@@ -11,22 +11,37 @@ import numpy as np
 
 from ddlm_jax.data import corpus, pipeline, sources, tokenizers
 from ddlm_jax.diffusion import Autoregressive, MaskedDiffusion, get_schedule
+from ddlm_jax.diffusion.soft_masking import SoftMaskedDiffusion
 from ddlm_jax.models import Transformer, TransformerConfig, hybrid
+from ddlm_jax.models.soft_masking import SoftMaskedModel, SoftMaskInput
 
 PROCESSES = ('mdlm', 'md4', 'ar')
 
 
-def build_process(cfg, vocab_size: int):
-  """Masked diffusion ('mdlm' / 'md4') or the AR twin ('ar')."""
+def _soft_mask_on(soft_mask) -> bool:
+  return bool(soft_mask is not None and soft_mask.get('enabled', False))
+
+
+def build_process(cfg, vocab_size: int, soft_mask=None):
+  """Masked diffusion ('mdlm' / 'md4') or the AR twin ('ar').
+
+  With config.soft_mask.enabled, masked diffusion trains and evaluates
+  through soft-masking's two-pass path (diffusion.soft_masking).
+  """
   kind = cfg.kind
   if kind not in PROCESSES:
     raise ValueError(
       f'config.process.kind={kind!r}; choose one of {PROCESSES}.'
     )
+  if kind == 'ar' and _soft_mask_on(soft_mask):
+    raise ValueError(
+      'config.soft_mask.enabled needs a masked-diffusion process; the AR '
+      "twin has no masked inputs. Use process.kind='mdlm' or 'md4'."
+    )
   if kind == 'ar':
     return Autoregressive(vocab_size=vocab_size)
   schedule = get_schedule(cfg.schedule, **dict(cfg.schedule_kwargs))
-  return MaskedDiffusion(
+  kwargs = dict(
     schedule=schedule,
     vocab_size=vocab_size,
     num_steps=cfg.num_steps,
@@ -34,6 +49,9 @@ def build_process(cfg, vocab_size: int):
     antithetic=cfg.antithetic,
     loss_type=cfg.loss_type,
   )
+  if _soft_mask_on(soft_mask):
+    return SoftMaskedDiffusion(**kwargs, sm_prob=soft_mask.sm_prob)
+  return MaskedDiffusion(**kwargs)
 
 
 def model_config(cfg, process) -> TransformerConfig:
@@ -54,13 +72,31 @@ def model_config(cfg, process) -> TransformerConfig:
   return TransformerConfig(**kwargs)
 
 
-def model_builder(cfg, process):
-  """build(rngs) -> Transformer, as init_train_state expects."""
+def model_builder(cfg, process, soft_mask=None):
+  """build(rngs) -> the network, as init_train_state expects.
+
+  The transformer or the hybrid backbone; with config.soft_mask.enabled it
+  is wrapped in the soft-masking input layer (its parameters: net/...,
+  soft_mask/r_s, r_a, r_b).
+  """
   mcfg = model_config(cfg, process)
   if cfg.get('backbone', 'transformer') == 'hybrid':
     hcfg = hybrid.hybrid_config(mcfg, cfg.to_dict())
-    return lambda rngs: hybrid.HybridTransformer(hcfg, rngs=rngs)
-  return lambda rngs: Transformer(mcfg, rngs=rngs)
+    build = lambda rngs: hybrid.HybridTransformer(hcfg, rngs=rngs)
+  else:
+    build = lambda rngs: Transformer(mcfg, rngs=rngs)
+  if not _soft_mask_on(soft_mask):
+    return build
+  sm = dict(
+    k=soft_mask.k,
+    w_s=soft_mask.w_s_init,
+    w_a=soft_mask.w_a_init,
+    w_b=soft_mask.w_b_init,
+  )
+  SoftMaskInput(**sm)  # Checks the settings before any tracing.
+  return lambda rngs: SoftMaskedModel(
+    build(rngs), process.mask_id, SoftMaskInput(**sm)
+  )
 
 
 def count_params(params) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ddlm_jax.evaluation.likelihood import evaluate_likelihood
 from ddlm_jax.parallel import batch_sharding, make_mesh
-from ddlm_jax.training import builders, plots
+from ddlm_jax.training import builders, plots, warm_start
 from ddlm_jax.training.checkpoint import Checkpointer
 from ddlm_jax.training.metrics import MetricsWriter, Progress
 from ddlm_jax.training.optimizer import make_optimizer
@@ -65,10 +65,14 @@ class Run:
     self.config = config
     self.workdir = workdir
     os.makedirs(workdir, exist_ok=True)
+    self.init_from = config.train.get('init_from', '')
+    if self.init_from:
+      warm_start.copy_tokenizer(self.init_from, workdir)
     self.mesh = make_mesh(tuple(config.mesh.shape))
     self.data = builders.prepare_data(config.data, workdir)
+    soft_mask = config.get('soft_mask')
     self.process = builders.build_process(
-      config.process, self.data.tokenizer.vocab_size
+      config.process, self.data.tokenizer.vocab_size, soft_mask
     )
     self._check_batch(config.data.batch_size, 'data.batch_size')
     total = config.train.num_steps
@@ -81,8 +85,13 @@ class Run:
       b2=config.optim.b2,
       grad_clip=config.optim.grad_clip,
       final_lr_fraction=config.optim.final_lr_fraction,
+      group_learning_rates=(
+        {'soft_mask': soft_mask.learning_rate}
+        if soft_mask is not None and soft_mask.enabled
+        else None
+      ),
     )
-    build = builders.model_builder(config.model, self.process)
+    build = builders.model_builder(config.model, self.process, soft_mask)
     self.graphdef, self.state, self.shardings = init_train_state(
       build,
       self.tx,
@@ -116,6 +125,10 @@ class Run:
     """Restores the newest checkpoint if any; returns its step (or 0)."""
     found = self.checkpointer.restore_latest(self.abstract_state())
     if found is None:
+      if self.init_from:
+        self.state = warm_start.warm_start(
+          self.state, self.shardings, self.init_from
+        )
       return 0
     self.state, data_state, step = found
     if iterator is not None and data_state:
@@ -238,6 +251,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
           'loss': metrics['loss'],
           'nelbo/tok': metrics['nelbo_per_token'],
         }
+        if 'sm_w_s' in metrics:  # Soft-masking: its scalar and mean lambda.
+          shown.update(w_s=metrics['sm_w_s'], lam=metrics['sm_lambda'])
         rate = progress.report(step, shown)
         record = {k: float(v) for k, v in metrics.items()}
         record['learning_rate'] = float(run.lr_schedule(step - 1))

@@ -35,16 +35,53 @@ def make_optimizer(
   b2: float = 0.999,
   grad_clip: float = 1.0,
   final_lr_fraction: float = 0.1,
+  group_learning_rates: dict[str, float] | None = None,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """AdamW (+ clipping); returns (transformation, main schedule).
+
+  group_learning_rates {name: peak}: parameters under a top-level key
+  `name` (e.g. 'soft_mask', whose scalars train at 1e-2 while the model
+  trains at 3e-4) get their own peak on the same warmup/decay shape.
+  Gradients are clipped jointly, before the groups split.
+  """
   schedule = learning_rate_schedule(
     learning_rate, warmup_steps, total_steps, final_lr_fraction
+  )
+  adamw = lambda lr: optax.adamw(
+    lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask
   )
   parts = []
   if grad_clip and grad_clip > 0:
     parts.append(optax.clip_by_global_norm(grad_clip))
-  parts.append(
-    optax.adamw(
-      schedule, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask
+  if group_learning_rates:
+    transforms = {'default': adamw(schedule)}
+    for name, peak in group_learning_rates.items():
+      transforms[name] = adamw(
+        learning_rate_schedule(
+          peak, warmup_steps, total_steps, final_lr_fraction
+        )
+      )
+    parts.append(
+      optax.multi_transform(
+        transforms, lambda params: group_labels(params, group_learning_rates)
+      )
     )
-  )
+  else:
+    parts.append(adamw(schedule))
   return optax.chain(*parts), schedule
+
+
+def group_labels(params, groups) -> dict:
+  """'default' or the group name for each leaf, by its top-level key."""
+  if not isinstance(params, dict):
+    raise TypeError('parameter groups need a dict of parameters.')
+  missing = set(groups) - set(params)
+  if missing:
+    raise ValueError(
+      f'learning-rate groups {sorted(missing)} name no parameters; the '
+      f'model has {sorted(params)}.'
+    )
+  return {
+    k: jax.tree.map(lambda _, k=k: k if k in groups else 'default', v)
+    for k, v in params.items()
+  }

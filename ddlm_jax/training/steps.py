@@ -18,9 +18,12 @@ from ddlm_jax.training.state import TrainState
 
 
 def make_apply(graphdef, params):
-  """apply(z_BxL, t_B) -> logits_BxLxV for a parameter dict."""
-  model = nnx.merge(graphdef, params)
-  return lambda z_BxL, t_B: model(z_BxL, t_B)
+  """The model for a parameter dict: apply(z_BxL, t_B) -> logits_BxLxV.
+
+  The merged module itself, so processes and samplers can reach extra
+  entry points (soft-masking's feedback) where the model has them.
+  """
+  return nnx.merge(graphdef, params)
 
 
 def _num_tokens(x_BxL, loss_mask_BxL):

@@ -89,6 +89,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 250
   c.train.max_checkpoints = 3
   c.train.halt_after_steps = 0  # Stop early this run (resume later); 0 = off.
+  # Continued pretraining: a run directory whose newest parameters
+  # initialise this run's network (optimizer state starts fresh). Used only
+  # when this workdir has no checkpoint yet.
+  c.train.init_from = ''
 
   c.eval = ml_collections.ConfigDict()
   c.eval.batch_size = 32
@@ -117,8 +121,32 @@ def base_config() -> ml_collections.ConfigDict:
   c.sample.scorer = ''  # AR run dir: gen-ppl (and MAUVE) of the samples.
   c.sample.mauve = False  # MAUVE vs validation text (needs mauve-text).
 
+  # Soft-masking (arXiv 2510.17206; ddlm_jax.models.soft_masking): masked
+  # inputs blend E[mask] with the previous prediction's top-k tokens.
+  c.soft_mask = ml_collections.ConfigDict()
+  c.soft_mask.enabled = False
+  c.soft_mask.k = 3  # top-k tokens in the blend (paper: 3 at 169M).
+  c.soft_mask.sm_prob = 0.8  # Share of training batches with two passes.
+  c.soft_mask.learning_rate = 1e-2  # Peak LR of the three SM scalars.
+  c.soft_mask.w_s_init = 0.01  # Paper: ~0; 0.1-0.3 for short runs.
+  c.soft_mask.w_a_init = 6.66
+  c.soft_mask.w_b_init = -0.75
+
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 is filled.
+  return c
+
+
+def override(
+  c: ml_collections.ConfigDict, dotted: dict
+) -> ml_collections.ConfigDict:
+  """Sets {'a.b': value, ...} in place (as --config.a.b=value does)."""
+  for key, value in dotted.items():
+    node = c
+    *path, leaf = key.split('.')
+    for p in path:
+      node = node[p]
+    node[leaf] = value
   return c
 
 

@@ -1,0 +1,97 @@
+"""Continued pretraining: start a run from another run's parameters.
+
+`config.train.init_from = DIR` takes the newest parameters of the run in DIR
+(the optimizer starts fresh) when the new run has no checkpoint of its own;
+afterwards the run resumes from its own checkpoints like any other. The
+tokenizer is copied first, so token ids mean the same in both runs. A plain
+MDLM checkpoint initialises the `net` of a soft-masked model (whose SM
+scalars keep their initial values), and the reverse direction drops them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import jax
+import numpy as np
+
+from ddlm_jax.data import tokenizers
+
+SOFT_MASK_KEYS = frozenset({'net', 'soft_mask'})
+
+
+def copy_tokenizer(src_workdir: str, workdir: str) -> None:
+  """Copies src/tokenizer into workdir unless workdir already has one."""
+  src = os.path.join(src_workdir, 'tokenizer')
+  dst = os.path.join(workdir, 'tokenizer')
+  if os.path.exists(os.path.join(dst, tokenizers.TOKENIZER_FILENAME)):
+    return
+  if not os.path.exists(os.path.join(src, tokenizers.TOKENIZER_FILENAME)):
+    raise FileNotFoundError(
+      f'train.init_from={src_workdir!r} has no tokenizer/: it is not a '
+      'finished run directory (train it first, or fix the path).'
+    )
+  os.makedirs(workdir, exist_ok=True)
+  shutil.copytree(src, dst, dirs_exist_ok=True)
+
+
+def _is_soft_masked(params) -> bool:
+  return isinstance(params, dict) and set(params) == SOFT_MASK_KEYS
+
+
+def graft(source, target):
+  """`target` with the parameters of `source` written in, checked leafwise.
+
+  Handles plain -> soft-masked (fills target['net']) and soft-masked ->
+  plain (takes source['net']); otherwise the trees must match.
+  """
+  if _is_soft_masked(target) and not _is_soft_masked(source):
+    return {**target, 'net': graft(source, target['net'])}
+  if _is_soft_masked(source) and not _is_soft_masked(target):
+    return graft(source['net'], target)
+  src_flat = dict(jax.tree_util.tree_flatten_with_path(source)[0])
+  tgt_flat, treedef = jax.tree_util.tree_flatten_with_path(target)
+  tgt_paths = [p for p, _ in tgt_flat]
+  missing = [jax.tree_util.keystr(p) for p in tgt_paths if p not in src_flat]
+  extra = [jax.tree_util.keystr(p) for p in set(src_flat) - set(tgt_paths)]
+  if missing or extra:
+    raise ValueError(
+      'train.init_from: the source run has a different model: missing '
+      f'{missing[:5]}, unexpected {extra[:5]}. Use the same model.* '
+      'settings as the source run.'
+    )
+  leaves = []
+  for path, leaf in tgt_flat:
+    value = src_flat[path]
+    if tuple(np.shape(value)) != tuple(leaf.shape):
+      raise ValueError(
+        f'train.init_from: {jax.tree_util.keystr(path)} has shape '
+        f'{tuple(np.shape(value))} in the source run, {tuple(leaf.shape)} '
+        'here. Use the same model.* settings as the source run.'
+      )
+    leaves.append(value)
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def source_params(src_workdir: str):
+  """The newest raw (non-EMA) parameters of the run in src_workdir."""
+  from ddlm_jax.training.restore import load_run
+
+  run = load_run(src_workdir)
+  step = run.checkpointer.latest_step()
+  params = jax.device_get(run.state.params)
+  run.checkpointer.close()
+  return params, step
+
+
+def warm_start(state, shardings, src_workdir: str):
+  """state with params (and EMA) from src_workdir, placed in `shardings`."""
+  params, step = source_params(src_workdir)
+  params = graft(params, jax.device_get(state.params))
+  params = jax.device_put(params, shardings.params)
+  ema = state.ema_params
+  if ema is not None:
+    ema = jax.device_put(params, shardings.ema_params)
+  print(f'Initialised from {src_workdir} (step {step}).', flush=True)
+  return state.replace(params=params, ema_params=ema)

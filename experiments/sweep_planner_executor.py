@@ -1,0 +1,130 @@
+"""Runs the planner/executor reproduction (issue 8) and writes its table.
+
+  python -m experiments.sweep_planner_executor --preset=cpu --seeds=0 \
+    --out=runs/pe
+
+Every variant is one run of experiments/configs/planner_executor.py with a
+workdir under OUT/seed<s>/<variant>; the models are shared through
+OUT/seed<s>/models, so the planner and the executors train once per seed.
+Writes OUT/results.json (all summaries) and OUT/results.md (the table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+from absl import app, flags, logging
+
+from ddlm_jax.planning.trainer import run_planner_executor
+from experiments.configs import planner_executor as pe_config
+
+# name -> (pipeline, overrides)
+VARIANTS = {
+  'direct': ('direct', {}),
+  'cot': ('cot', {}),
+  'text': ('text', {}),
+  'text_4steps': ('text', {'plan.steps': 4}),
+  'latent': ('latent', {}),
+  'latent_masked': ('latent', {'latent.source': 'masked'}),
+  'latent_unfrozen': ('latent', {'latent.unfreeze_executor': True}),
+}
+
+_PRESET = flags.DEFINE_string('preset', 'cpu', "'' | 'cpu' | 'smoke'.")
+_SEEDS = flags.DEFINE_list('seeds', ['0'], 'Seeds.')
+_VARIANTS = flags.DEFINE_list('variants', list(VARIANTS), 'Variants to run.')
+_OUT = flags.DEFINE_string('out', 'runs/planner_executor', 'Output folder.')
+
+
+def _set(config, dotted: str, value):
+  node = config
+  *parents, last = dotted.split('.')
+  for p in parents:
+    node = node[p]
+  node[last] = value
+
+
+def _fmt(values, scale=1.0, digits=1):
+  vals = [v * scale for v in values if v is not None]
+  if not vals:
+    return '-'
+  if len(vals) == 1:
+    return f'{vals[0]:.{digits}f}'
+  return f'{np.mean(vals):.{digits}f} +- {np.std(vals):.{digits}f}'
+
+
+def table(results: dict) -> str:
+  """Markdown table: accuracy per level (%), NFE, tokens, FLOPs."""
+  levels = None
+  lines = []
+  for name, runs in results.items():
+    if not runs:
+      continue
+    levels = levels or list(runs[0]['per_level'])
+    acc = [
+      _fmt([r['per_level'][v]['accuracy'] for r in runs], 100) for v in levels
+    ]
+    plan = [
+      _fmt([r['per_level'][v]['plan_accuracy'] for r in runs], 100)
+      for v in levels
+    ]
+    r0 = runs[0]
+    lines.append(
+      f'| {name} | '
+      + ' | '.join(acc)
+      + f' | {_fmt([r["accuracy_train_levels"] for r in runs], 100)}'
+      + f' | {r0["planning_nfe"]:.0f} | {r0["plan_tokens"]}'
+      + f' | {r0["latent_tokens"]}'
+      + f' | {_fmt([r["exec_tokens"] for r in runs], 1, 2)}'
+      + f' | {r0["flops"] / 1e6:.2f} | {r0["flops_kv"] / 1e6:.2f}'
+      + ' | '
+      + ' / '.join(plan)
+      + ' |'
+    )
+  head = (
+    '| pipeline | '
+    + ' | '.join(f'L{v} %' for v in levels)
+    + ' | L1-4 % | plan NFE | plan tokens | latent tokens | exec tokens'
+    + ' | MFLOP/problem (as run) | MFLOP (KV-cached ARM)'
+    + ' | plan exact % L1/.../L5 |'
+  )
+  sep = '|' + '---|' * (head.count('|') - 1)
+  return '\n'.join([head, sep, *lines])
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
+  os.makedirs(_OUT.value, exist_ok=True)
+  results = {name: [] for name in _VARIANTS.value}
+  t0 = time.time()
+  for seed in [int(s) for s in _SEEDS.value]:
+    base = os.path.join(_OUT.value, f'seed{seed}')
+    for name in _VARIANTS.value:
+      if name not in VARIANTS:
+        raise ValueError(
+          f'unknown variant {name!r}; choose from {list(VARIANTS)}.'
+        )
+      pipeline, overrides = VARIANTS[name]
+      arg = f'{pipeline},{_PRESET.value}' if _PRESET.value else pipeline
+      config = pe_config.get_config(arg)
+      config.seed = seed
+      config.models_dir = os.path.join(base, 'models')
+      for k, v in overrides.items():
+        _set(config, k, v)
+      print(f'== seed {seed} {name} ({time.time() - t0:.0f}s)', flush=True)
+      results[name].append(
+        run_planner_executor(config, os.path.join(base, name))
+      )
+      with open(os.path.join(_OUT.value, 'results.json'), 'w') as f:
+        json.dump(results, f, indent=2)
+      with open(os.path.join(_OUT.value, 'results.md'), 'w') as f:
+        f.write(table(results) + '\n')
+  print(table(results))
+  print(f'total {time.time() - t0:.0f}s')
+
+
+if __name__ == '__main__':
+  app.run(main)
