@@ -18,7 +18,8 @@ from ddlm_jax.models.soft_masking import SoftMaskedModel, SoftMaskInput
 PROCESSES = ('mdlm', 'md4', 'ar')
 
 
-def _soft_mask_on(soft_mask) -> bool:
+def soft_mask_enabled(soft_mask) -> bool:
+  """Whether a config.soft_mask block (or None) switches soft-masking on."""
   return bool(soft_mask is not None and soft_mask.get('enabled', False))
 
 
@@ -33,7 +34,7 @@ def build_process(cfg, vocab_size: int, soft_mask=None):
     raise ValueError(
       f'config.process.kind={kind!r}; choose one of {PROCESSES}.'
     )
-  if kind == 'ar' and _soft_mask_on(soft_mask):
+  if kind == 'ar' and soft_mask_enabled(soft_mask):
     raise ValueError(
       'config.soft_mask.enabled needs a masked-diffusion process; the AR '
       "twin has no masked inputs. Use process.kind='mdlm' or 'md4'."
@@ -49,7 +50,7 @@ def build_process(cfg, vocab_size: int, soft_mask=None):
     antithetic=cfg.antithetic,
     loss_type=cfg.loss_type,
   )
-  if _soft_mask_on(soft_mask):
+  if soft_mask_enabled(soft_mask):
     return SoftMaskedDiffusion(**kwargs, sm_prob=soft_mask.sm_prob)
   return MaskedDiffusion(**kwargs)
 
@@ -85,7 +86,7 @@ def model_builder(cfg, process, soft_mask=None):
     build = lambda rngs: hybrid.HybridTransformer(hcfg, rngs=rngs)
   else:
     build = lambda rngs: Transformer(mcfg, rngs=rngs)
-  if not _soft_mask_on(soft_mask):
+  if not soft_mask_enabled(soft_mask):
     return build
   sm = dict(
     k=soft_mask.k,

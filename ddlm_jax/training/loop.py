@@ -87,7 +87,7 @@ class Run:
       final_lr_fraction=config.optim.final_lr_fraction,
       group_learning_rates=(
         {'soft_mask': soft_mask.learning_rate}
-        if soft_mask is not None and soft_mask.enabled
+        if builders.soft_mask_enabled(soft_mask)
         else None
       ),
     )
