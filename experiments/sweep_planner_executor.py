@@ -20,6 +20,7 @@ from absl import app, flags, logging
 
 from ddlm_jax.planning.trainer import run_planner_executor
 from experiments.configs import planner_executor as pe_config
+from experiments.configs.common import override
 
 # name -> (pipeline, overrides)
 VARIANTS = {
@@ -36,14 +37,6 @@ _PRESET = flags.DEFINE_string('preset', 'cpu', "'' | 'cpu' | 'smoke'.")
 _SEEDS = flags.DEFINE_list('seeds', ['0'], 'Seeds.')
 _VARIANTS = flags.DEFINE_list('variants', list(VARIANTS), 'Variants to run.')
 _OUT = flags.DEFINE_string('out', 'runs/planner_executor', 'Output folder.')
-
-
-def _set(config, dotted: str, value):
-  node = config
-  *parents, last = dotted.split('.')
-  for p in parents:
-    node = node[p]
-  node[last] = value
 
 
 def _fmt(values, scale=1.0, digits=1):
@@ -112,8 +105,7 @@ def main(argv):
       config = pe_config.get_config(arg)
       config.seed = seed
       config.models_dir = os.path.join(base, 'models')
-      for k, v in overrides.items():
-        _set(config, k, v)
+      override(config, overrides)
       print(f'== seed {seed} {name} ({time.time() - t0:.0f}s)', flush=True)
       results[name].append(
         run_planner_executor(config, os.path.join(base, name))

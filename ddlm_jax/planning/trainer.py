@@ -25,7 +25,6 @@ accuracy, planner NFE, plan and execution tokens, and FLOPs per problem.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -61,12 +60,6 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
-
-
-def _write_json(path: str, obj) -> None:
-  with open(path + '.tmp', 'w') as f:
-    json.dump(obj, f, indent=2)
-  os.replace(path + '.tmp', path)
 
 
 def check_config(config) -> None:
@@ -362,7 +355,7 @@ def train_role(config, role: str, models_dir: str) -> tuple[Any, dict]:
     path = os.path.join(directory, 'validation.json')
     if not os.path.exists(path):
       res = validate_planner(config, graphdef, params)
-      _write_json(path, res)
+      metrics.write_json(path, res)
       print(f'planner validation plan accuracy: {res}', flush=True)
   return graphdef, params
 
@@ -623,7 +616,7 @@ def run_planner_executor(config, workdir: str) -> dict:
   """Trains what the pipeline needs, evaluates it, writes summary.json."""
   check_config(config)
   os.makedirs(workdir, exist_ok=True)
-  _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
+  metrics.write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   t0 = time.time()
   models_dir = config.models_dir or os.path.join(workdir, 'models')
   spec = pipeline_spec(config)
@@ -645,7 +638,7 @@ def run_planner_executor(config, workdir: str) -> dict:
     'train_wall_s': round(t1 - t0, 1),
     'eval_wall_s': round(time.time() - t1, 1),
   }
-  _write_json(os.path.join(workdir, 'summary.json'), summary)
+  metrics.write_json(os.path.join(workdir, 'summary.json'), summary)
   levels = ' '.join(
     f'L{v}={r["accuracy"]:.3f}' for v, r in summary['per_level'].items()
   )

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import os
 import time
 from typing import Any
@@ -240,12 +239,6 @@ def _programs(ccfg: sc.ClassifierConfig, opt: tuple, fast_compile: bool):
   )
 
 
-def _write_json(path: str, obj) -> None:
-  with open(path + '.tmp', 'w') as f:
-    json.dump(obj, f, indent=2)
-  os.replace(path + '.tmp', path)
-
-
 def train_state_tracking(config, workdir: str) -> dict:
   """Trains and tests one (model, task, seed) run; returns the summary.
 
@@ -260,7 +253,7 @@ def train_state_tracking(config, workdir: str) -> dict:
   """
   _check_config(config)
   os.makedirs(workdir, exist_ok=True)
-  _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
+  metrics.write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   tr, seed = config.train, config.seed
   t0 = time.time()
 
@@ -392,5 +385,5 @@ def train_state_tracking(config, workdir: str) -> dict:
     )
   writer.close()
   summary['wall_s'] = round(wall_before + time.time() - t0, 1)
-  _write_json(os.path.join(workdir, 'summary.json'), summary)
+  metrics.write_json(os.path.join(workdir, 'summary.json'), summary)
   return summary

@@ -10,7 +10,6 @@ workdir.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -23,7 +22,7 @@ from ddlm_jax.evaluation.likelihood import evaluate_likelihood
 from ddlm_jax.parallel import batch_sharding, make_mesh
 from ddlm_jax.training import builders, plots, warm_start
 from ddlm_jax.training.checkpoint import Checkpointer
-from ddlm_jax.training.metrics import MetricsWriter, Progress
+from ddlm_jax.training.metrics import MetricsWriter, Progress, write_json
 from ddlm_jax.training.optimizer import make_optimizer
 from ddlm_jax.training.state import init_train_state
 from ddlm_jax.training.steps import jit_train_step
@@ -177,12 +176,7 @@ class Run:
     with open(os.path.join(self.workdir, 'samples.txt'), 'w') as f:
       for i, text in enumerate(texts):
         f.write(f'=== sample {i} ===\n{text}\n\n')
-    _write_json(os.path.join(self.workdir, 'sample_stats.json'), stats)
-
-
-def _write_json(path, obj):
-  with open(path, 'w') as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
+    write_json(os.path.join(self.workdir, 'sample_stats.json'), stats)
 
 
 def _to_device(batch_np: dict, sharding, vocab_size: int) -> dict:
@@ -204,7 +198,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """Trains, evaluates and samples; returns the summary dict."""
   wall0 = time.perf_counter()
   run = Run(config, workdir)
-  _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
+  write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   cfg = config.train
   iterator = builders.train_batches(config.data, run.data, config.seed)
   start = run.restore(iterator)
@@ -315,7 +309,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   writer.close()
   run.checkpointer.close()
   if jax.process_index() == 0:
-    _write_json(os.path.join(workdir, 'summary.json'), summary)
+    write_json(os.path.join(workdir, 'summary.json'), summary)
     plots.plot_curves(workdir)
   return summary
 
@@ -347,7 +341,7 @@ def evaluate_checkpoint(config, workdir: str, split='validation') -> dict:
     time_samples=config.eval.final_time_samples,
   )
   result['step'] = step
-  _write_json(os.path.join(workdir, f'eval_{split}.json'), result)
+  write_json(os.path.join(workdir, f'eval_{split}.json'), result)
   run.checkpointer.close()
   return result
 

@@ -57,6 +57,13 @@ class MetricsWriter:
       self._tb.close()
 
 
+def write_json(path: str, obj) -> None:
+  """Writes obj as JSON atomically (a reader never sees half a file)."""
+  with open(path + '.tmp', 'w') as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(path + '.tmp', path)
+
+
 def read_metrics(workdir: str) -> list[dict]:
   path = os.path.join(workdir, 'metrics.jsonl')
   if not os.path.exists(path):
