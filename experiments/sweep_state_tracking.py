@@ -9,7 +9,10 @@ finished is skipped, an interrupted one resumes from its checkpoint. Runs go
 seed by seed (every model and task at seed 0 first), so a partial sweep
 already fills the table. After every run OUT/results.json and OUT/results.md
 are rewritten: test accuracy (%) mean +- std over the finished seeds per
-(model, task), next to the paper's Table 2 (REFERENCE.md section 5).
+(model, task), next to the paper's Table 2 (REFERENCE.md section 5). At the
+end OUT/curves.png plots validation accuracy against step for every run and
+OUT/accuracy_by_length.png test accuracy against test length (``--rescore``
+adds that breakdown to runs recorded without it).
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ _PRESET = flags.DEFINE_string('preset', 'cpu', "'' (paper), 'cpu', 'smoke'.")
 # other entry points may parse in the same process (tests, notebooks).
 _OUT = flags.DEFINE_string('out', 'runs/st_sweep', 'Output folder.')
 _STEPS = flags.DEFINE_integer('num_steps', 0, 'Override train steps (0: no).')
+_RESCORE = flags.DEFINE_bool(
+  'rescore',
+  False,
+  'Only add accuracy by test length to finished runs that lack it (runs '
+  'recorded before summaries carried it), then redraw the plots and table.',
+)
 
 
 def run_dir(out: str, model: str, task: str, seed: int) -> str:
@@ -86,6 +95,9 @@ def results_table(
           'mean': float(np.mean(acc)) if acc else None,
           'std': float(np.std(acc)) if acc else None,
           'test_accuracy_final': [r['test_accuracy_final'] for r in runs],
+          'test_accuracy_by_length': [
+            r.get('test_accuracy_by_length') for r in runs
+          ],
           'status': [r['status'] for r in runs],
           'wall_s': [r['wall_s'] for r in runs],
           'paper': cfgs.PAPER_TABLE2.get(model, {}).get(task),
@@ -109,6 +121,134 @@ def results_table(
   with open(os.path.join(out, 'results.json'), 'w') as f:
     json.dump(result, f, indent=2)
   return result
+
+
+def plot_curves(
+  out: str, models: list[str], tasks: list[str], seeds: list[int]
+) -> str | None:
+  """OUT/curves.png: validation accuracy against step, one panel per task.
+
+  State-tracking runs sit on a chance plateau and then jump; the curves show
+  where (and whether) each seed left it, which the final table cannot.
+  """
+  from ddlm_jax.training.metrics import read_metrics
+
+  curves = {}
+  for task in tasks:
+    for model in models:
+      for seed in seeds:
+        records = read_metrics(run_dir(out, model, task, seed))
+        val = [r for r in records if r.get('split') == 'validation']
+        if val:
+          curves[(task, model, seed)] = (
+            [r['step'] for r in val],
+            [100 * r['accuracy'] for r in val],
+          )
+  if not curves:
+    return None
+  import matplotlib
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+
+  shown = [t for t in tasks if any(k[0] == t for k in curves)]
+  fig, axes = plt.subplots(
+    1, len(shown), figsize=(3.6 * len(shown), 3.2), squeeze=False
+  )
+  colors = {m: f'C{i}' for i, m in enumerate(models)}
+  for ax, task in zip(axes[0], shown, strict=True):
+    for (t, model, seed), (steps, acc) in curves.items():
+      if t == task:
+        label = model if seed == min(seeds) else None
+        ax.plot(steps, acc, color=colors[model], alpha=0.8, label=label)
+    ax.set_title(task)
+    ax.set_xlabel('step')
+    ax.set_ylim(0, 101)
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel('validation accuracy (%), lengths 40-256')
+  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  path = os.path.join(out, 'curves.png')
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def rescore(
+  out: str, models: list[str], tasks: list[str], seeds: list[int]
+) -> int:
+  """Adds accuracy by length to finished runs that lack it; returns count."""
+  from ddlm_jax.training import classification
+
+  count = 0
+  for task in tasks:
+    for model in models:
+      for seed in seeds:
+        workdir = run_dir(out, model, task, seed)
+        summary = load_summary(workdir)
+        if (
+          summary
+          and summary.get('finished')
+          and 'test_accuracy' in summary
+          and 'test_accuracy_by_length' not in summary
+        ):
+          classification.rescore_by_length(workdir)
+          print(f'rescored {workdir}', flush=True)
+          count += 1
+  return count
+
+
+def plot_by_length(
+  out: str, models: list[str], tasks: list[str], seeds: list[int]
+) -> str | None:
+  """OUT/accuracy_by_length.png: test accuracy against test length.
+
+  One panel per task, one line per model (mean over the seeds that have the
+  breakdown; thin lines are single seeds). Flat near 100% is extrapolation;
+  a fall from the shortest test lengths is a model that fitted short
+  sequences only.
+  """
+  data = {}
+  for task in tasks:
+    for model in models:
+      for seed in seeds:
+        summary = load_summary(run_dir(out, model, task, seed))
+        rows = (summary or {}).get('test_accuracy_by_length')
+        if rows:
+          data.setdefault((task, model), []).append(rows)
+  if not data:
+    return None
+  import matplotlib
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+
+  shown = [t for t in tasks if any(k[0] == t for k in data)]
+  fig, axes = plt.subplots(
+    1, len(shown), figsize=(3.6 * len(shown), 3.2), squeeze=False
+  )
+  for ax, task in zip(axes[0], shown, strict=True):
+    for i, model in enumerate(models):
+      for rows in data.get((task, model), []):
+        mid = [sum(r['lengths']) / 2 for r in rows]
+        acc = [100 * r['accuracy'] for r in rows]
+        ax.plot(mid, acc, color=f'C{i}', alpha=0.35, lw=0.8)
+      runs = data.get((task, model), [])
+      if runs and all(len(r) == len(runs[0]) for r in runs):
+        mid = [sum(r['lengths']) / 2 for r in runs[0]]
+        acc = np.mean([[100 * r['accuracy'] for r in x] for x in runs], 0)
+        ax.plot(mid, acc, color=f'C{i}', marker='o', ms=3, label=model)
+    ax.set_title(task)
+    ax.set_xlabel('test length')
+    ax.set_ylim(0, 101)
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel('test accuracy (%)')
+  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  path = os.path.join(out, 'accuracy_by_length.png')
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
 
 
 def sweep(
@@ -146,6 +286,8 @@ def sweep(
           flush=True,
         )
         results_table(out, models, tasks, seeds)
+  plot_curves(out, models, tasks, seeds)
+  plot_by_length(out, models, tasks, seeds)
   return results_table(out, models, tasks, seeds)
 
 
@@ -153,10 +295,15 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   seeds = [int(s) for s in _SEEDS.value]
-  result = sweep(
-    _OUT.value, _MODELS.value, _TASKS.value, seeds, _PRESET.value, _STEPS.value
-  )
-  with open(os.path.join(_OUT.value, 'results.md')) as f:
+  out, models, tasks = _OUT.value, _MODELS.value, _TASKS.value
+  if _RESCORE.value:
+    print(f'rescored {rescore(out, models, tasks, seeds)} runs')
+    plot_curves(out, models, tasks, seeds)
+    plot_by_length(out, models, tasks, seeds)
+    result = results_table(out, models, tasks, seeds)
+  else:
+    result = sweep(out, models, tasks, seeds, _PRESET.value, _STEPS.value)
+  with open(os.path.join(out, 'results.md')) as f:
     print(f.read())
   print(f'total run wall time {result["total_wall_s"] / 60:.1f} min')
 

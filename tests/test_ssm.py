@@ -151,13 +151,16 @@ def test_pd_scan_st_gradient_matches_dense_straight_through(reverse, impl):
 
 
 @pytest.mark.parametrize(
-  'mode, reverse',
-  [('pdssm', False), ('pdssm', True), ('complex_diag', True)]
-  + [('selective_diag', False)],
+  'mode, reverse, initial_state',
+  [('pdssm', False, 'zeros'), ('pdssm', True, 'zeros')]
+  + [('pdssm', False, 'onehot'), ('complex_diag', True, 'onehot')]
+  + [('selective_diag', False, 'zeros')],
 )
-def test_layer_scan_matches_dense_reference(mode, reverse):
+def test_layer_scan_matches_dense_reference(mode, reverse, initial_state):
   B, L, D, N = 2, 9, 6, 5
-  mixer = _build(ssm.SSMMixer, D, N, mode=mode, num_dict=3)
+  mixer = _build(
+    ssm.SSMMixer, D, N, mode=mode, num_dict=3, initial_state=initial_state
+  )
   mixer.reverse = reverse
   u = _randn(3, B, L, D)
   mask = jnp.arange(L)[None] < jnp.array([[6], [9]])
@@ -174,7 +177,10 @@ def test_layer_scan_matches_dense_reference(mode, reverse):
     keep = mask[..., None]
     a = jnp.where(keep[..., None], a, jnp.eye(N, dtype=a.dtype))
     b = jnp.where(keep, b, 0)
-    h = _dense_scan(a, b, jnp.zeros((B, N), b.dtype), reverse)
+    h0 = jnp.zeros((B, N), b.dtype)
+    if initial_state == 'onehot':  # e_0, built independently of the layer
+      h0 = jnp.broadcast_to(jnp.eye(N, dtype=b.dtype)[0], (B, N))
+    h = _dense_scan(a, b, h0, reverse)
     return h, a, d
 
   h_ref, a, d = reference(mixer, u)
@@ -424,6 +430,8 @@ def test_bad_inputs_raise():
     ssm.SSMMixer(4, 4, mode='dense', rngs=rngs)
   with pytest.raises(ValueError, match='scan_impl'):
     ssm.SSMMixer(4, 4, scan_impl='cuda', rngs=rngs)
+  with pytest.raises(ValueError, match='initial_state'):
+    ssm.SSMMixer(4, 4, initial_state='ones', rngs=rngs)
   with pytest.raises(ValueError, match='unknown mixer'):
     ssm.make_mixer('gru', 4, rngs=rngs)
   with pytest.raises(ValueError, match='unknown mixer'):

@@ -15,7 +15,7 @@ from flax import nnx
 
 from ddlm_jax.data import state_tracking as st
 from ddlm_jax.models import sequence_classifier as sc
-from ddlm_jax.models import transformer
+from ddlm_jax.models import ssm, transformer
 from ddlm_jax.training import classification, metrics
 from experiments import sweep_state_tracking as sweep
 from experiments.configs import state_tracking as cfgs
@@ -58,6 +58,29 @@ def test_smoke_training_each_model(model, task, tmp_path):
   assert splits.count('train') == 2 and splits.count('validation') == 2
   assert splits[-1] == 'test'
   assert all(np.isfinite(r['loss']) for r in records if r['split'] == 'train')
+  # The length breakdown partitions the test set and averages to the total.
+  rows = summary['test_accuracy_by_length']
+  assert sum(r['n'] for r in rows) == c.task.num_test
+  mean = sum(r['accuracy'] * r['n'] for r in rows) / c.task.num_test
+  assert mean == pytest.approx(summary['test_accuracy'], abs=1e-6)
+  if model == 'pdssm':
+    # Rescoring from the checkpoint (for runs recorded without the
+    # breakdown) rebuilds it exactly.
+    del summary['test_accuracy_by_length']
+    metrics.write_json(str(tmp_path / 'summary.json'), summary)
+    again = classification.rescore_by_length(str(tmp_path))
+    assert again['test_accuracy_by_length'] == rows
+
+
+def test_accuracy_by_length_buckets():
+  hit = np.array([1, 0, 1, 1, 0, 0], np.float32)
+  lengths = np.array([40, 41, 45, 50, 55, 59])
+  rows = classification.accuracy_by_length(hit, lengths, num_buckets=2)
+  # Edges round(linspace(40, 60, 3)) = 40, 50, 60: [40, 49] and [50, 59].
+  assert rows == [
+    {'lengths': [40, 49], 'accuracy': pytest.approx(2 / 3), 'n': 3},
+    {'lengths': [50, 59], 'accuracy': pytest.approx(1 / 3), 'n': 3},
+  ]
 
 
 def _resume_config():
@@ -132,12 +155,20 @@ def test_config_parser_errors(arg, match):
 def test_every_config_builds_and_matches_the_registries():
   assert set(cfgs.MODELS) <= set(sc.MIXERS)
   assert set(cfgs.TASKS) == set(st.TASKS)
-  for preset in ('', 'cpu', 'smoke'):
+  for preset in cfgs.PRESETS:
     for model in cfgs.MODELS:
       for task in cfgs.TASKS:
         c = cfgs.get_config(f'{model},{task},{preset}')
         ccfg = classification.classifier_config(c)
         assert ccfg.mixer == model
+        # h_0 reaches the SSM mixers: e_0 unless the recorded cpu table's
+        # preset, and never passed to mixers that have no such option.
+        kwargs = dict(ccfg.mixer_kwargs)
+        if model in ssm.MODES:
+          want = 'zeros' if preset == 'cpu' else 'onehot'
+          assert kwargs['initial_state'] == want, (preset, model)
+        else:
+          assert 'initial_state' not in kwargs
         assert (ccfg.vocab_size, ccfg.num_classes) == st.task_info(task)
   paper = cfgs.get_config('pdssm,parity')
   assert (paper.model.d_model, paper.model.state_size) == (128, 128)
@@ -204,6 +235,22 @@ def test_sweep_table_from_summaries(tmp_path):
   with open(os.path.join(d, 'summary.json'), 'w') as f:
     json.dump({'seed': 2, 'finished': False, 'status': 'ok'}, f)
   res = sweep.results_table(out, ['pdssm'], ['parity'], [0, 1, 2])
+  assert sweep.plot_curves(out, ['pdssm'], ['parity'], [0, 1, 2]) is None
+  writer = metrics.MetricsWriter(d)
+  writer.write(5, 'validation', {'accuracy': 0.5, 'loss': 0.7})
+  writer.close()
+  path = sweep.plot_curves(out, ['pdssm'], ['parity'], [0, 1, 2])
+  assert path == os.path.join(out, 'curves.png') and os.path.getsize(path)
+  assert sweep.plot_by_length(out, ['pdssm'], ['parity'], [0, 1]) is None
+  d0 = sweep.run_dir(out, 'pdssm', 'parity', 0)
+  summary = sweep.load_summary(d0)
+  summary['test_accuracy_by_length'] = [
+    {'lengths': [40, 147], 'accuracy': 0.7, 'n': 2},
+    {'lengths': [148, 256], 'accuracy': 0.3, 'n': 2},
+  ]
+  metrics.write_json(os.path.join(d0, 'summary.json'), summary)
+  path = sweep.plot_by_length(out, ['pdssm'], ['parity'], [0, 1])
+  assert path.endswith('accuracy_by_length.png') and os.path.getsize(path)
   row = res['runs'][0]
   assert row['seeds'] == [0, 1] and row['mean'] == 0.75
   assert row['std'] == pytest.approx(0.25) and row['paper'] == (99.9, 0.1)

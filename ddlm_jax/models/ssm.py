@@ -57,6 +57,10 @@ import pallas_kernels
 LOGICAL_AXES = ('embed', 'mlp', 'vocab', 'state', 'dict')
 MODES = ('pdssm', 'complex_diag', 'selective_diag')
 SCAN_IMPLS = ('auto', 'reference', 'xla', 'pallas', 'interpret')
+# h_0 of the scans: 'zeros', or 'onehot' = e_0 (the PD-SSM authors' released
+# state-tracking code starts from e_0, so a pure permutation of the state
+# already carries an automaton state before any input is written in).
+INITIAL_STATES = ('zeros', 'onehot')
 COMBINES = ('sum', 'concat')
 
 
@@ -249,6 +253,7 @@ class SSMMixer(nnx.Module):
     scan_impl: str = 'auto',
     st_temperature: float = 1.0,
     max_magnitude: float = 1.0 - 1e-6,
+    initial_state: str = 'zeros',
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
@@ -257,6 +262,10 @@ class SSMMixer(nnx.Module):
     if scan_impl not in SCAN_IMPLS:
       raise ValueError(
         f'scan_impl must be one of {SCAN_IMPLS}, got {scan_impl!r}.'
+      )
+    if initial_state not in INITIAL_STATES:
+      raise ValueError(
+        f'initial_state must be one of {INITIAL_STATES}, got {initial_state!r}.'
       )
     if d_model < 1 or state_size < 1 or num_dict < 1:
       raise ValueError(
@@ -276,6 +285,7 @@ class SSMMixer(nnx.Module):
     self.scan_impl = scan_impl
     self.st_temperature = float(st_temperature)
     self.max_magnitude = float(max_magnitude)
+    self.initial_state = initial_state
     normal = nnx.initializers.normal
     pd = dict(param_dtype=param_dtype)
     if mode == 'pdssm':
@@ -370,6 +380,8 @@ class SSMMixer(nnx.Module):
     b = self.inputs(u_BxLxD)
     if h0_BxN is None:
       h0_BxN = jnp.zeros((B, N), b.dtype)
+      if self.initial_state == 'onehot':
+        h0_BxN = h0_BxN.at[:, 0].set(1)
     h0_BxN = h0_BxN.astype(b.dtype)
     if mask_BxL is not None:
       if mask_BxL.shape != (B, L):

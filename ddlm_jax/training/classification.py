@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
 import time
 from typing import Any
@@ -34,6 +35,7 @@ from flax import nnx
 
 from ddlm_jax.data import state_tracking as st
 from ddlm_jax.models import sequence_classifier as sc
+from ddlm_jax.models import ssm
 from ddlm_jax.training import checkpoint, metrics, optimizer
 
 # Cheap XLA compilation for smoke runs (config.train.fast_compile).
@@ -68,7 +70,11 @@ def classifier_config(config) -> sc.ClassifierConfig:
     config.task.name, num_generators=config.task.num_generators or None
   )
   m = config.model
-  extra = {'num_heads': m.num_heads} if m.mixer == 'transformer' else {}
+  extra = {}
+  if m.mixer == 'transformer':
+    extra['num_heads'] = m.num_heads
+  elif m.mixer in ssm.MODES:
+    extra['initial_state'] = m.get('initial_state', 'zeros')
   return sc.ClassifierConfig(
     vocab_size=vocab,
     num_classes=classes,
@@ -177,7 +183,7 @@ def make_train_step(graphdef, tx):
 
 
 def make_eval_step(graphdef):
-  """(params, batch with 'weight') -> (sum of correct, sum of loss)."""
+  """(params, batch) -> (hit_B, nll_B): per-sequence correctness and loss."""
 
   def step(params, batch):
     logits = nnx.merge(graphdef, params)(batch['tokens'], batch['lengths'])
@@ -185,24 +191,56 @@ def make_eval_step(graphdef):
       logits, batch['labels']
     )
     hit = (jnp.argmax(logits, -1) == batch['labels']).astype(jnp.float32)
-    return (hit * batch['weight']).sum(), (nll * batch['weight']).sum()
+    return hit, nll
 
   return step
 
 
-def evaluate(eval_step, params, data: dict, batch_size: int) -> dict:
-  """Accuracy and loss over a whole split (last batch padded, weighted 0)."""
+def evaluate(
+  eval_step, params, data: dict, batch_size: int, *, per_sequence=False
+) -> dict:
+  """Accuracy and loss over a whole split (the last batch is padded).
+
+  ``per_sequence=True`` adds the 'hit' and 'nll' arrays, one entry per
+  sequence of ``data``, for breakdowns such as ``accuracy_by_length``.
+  """
   num = len(data['labels'])
-  hits = nll = 0.0
+  hits, nlls = [], []
   for start in range(0, num, batch_size):
-    idx = np.arange(start, start + batch_size)
-    weight = (idx < num).astype(np.float32)
-    idx = np.minimum(idx, num - 1)
-    batch = {k: v[idx] for k, v in data.items()}
-    batch['weight'] = weight
-    h, n = eval_step(params, batch)
-    hits, nll = hits + float(h), nll + float(n)
-  return {'accuracy': hits / num, 'loss': nll / num}
+    idx = np.minimum(np.arange(start, start + batch_size), num - 1)
+    h, n = eval_step(params, {k: v[idx] for k, v in data.items()})
+    hits.append(np.asarray(h))
+    nlls.append(np.asarray(n))
+  hit, nll = np.concatenate(hits)[:num], np.concatenate(nlls)[:num]
+  res = {'accuracy': float(hit.mean()), 'loss': float(nll.mean())}
+  if per_sequence:
+    res.update(hit=hit, nll=nll)
+  return res
+
+
+def accuracy_by_length(
+  hit_N: np.ndarray, lengths_N: np.ndarray, num_buckets: int = 6
+) -> list[dict]:
+  """Accuracy in equal-width length buckets [lo, hi] (inclusive), in order.
+
+  Shows where length extrapolation breaks: a model that only fits the
+  training lengths is right near the shortest test lengths and at chance
+  on the longest.
+  """
+  lo, hi = int(lengths_N.min()), int(lengths_N.max())
+  edges = np.linspace(lo, hi + 1, num_buckets + 1).round().astype(int)
+  rows = []
+  for a, b in itertools.pairwise(np.unique(edges)):
+    sel = (lengths_N >= a) & (lengths_N < b)
+    if sel.any():
+      rows.append(
+        {
+          'lengths': [int(a), int(b) - 1],
+          'accuracy': float(hit_N[sel].mean()),
+          'n': int(sel.sum()),
+        }
+      )
+  return rows
 
 
 @functools.lru_cache(maxsize=8)
@@ -239,6 +277,79 @@ def _programs(ccfg: sc.ClassifierConfig, opt: tuple, fast_compile: bool):
   )
 
 
+def _config_programs(config):
+  """``_programs`` for a run config: (init, train_step, eval_step, lr)."""
+  tr, o = config.train, config.optim
+  opt = dict(
+    learning_rate=o.learning_rate,
+    warmup_steps=int(round(o.warmup_fraction * tr.num_steps)),
+    total_steps=tr.num_steps,
+    weight_decay=o.weight_decay,
+    b1=o.b1,
+    b2=o.b2,
+    grad_clip=o.grad_clip,
+    final_lr_fraction=o.final_lr_fraction,
+  )
+  return _programs(
+    classifier_config(config), tuple(sorted(opt.items())), tr.fast_compile
+  )
+
+
+def _restore(ckpt, state):
+  """(latest checkpointed state, its data state), or (state, None)."""
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  restored = ckpt.restore_latest(
+    jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state
+    )
+  )
+  if restored is None:
+    return state, None
+  state, data_state, _ = restored
+  return state, data_state
+
+
+def rescore_by_length(workdir: str, num_buckets: int = 6) -> dict:
+  """Adds test accuracy by length bucket to a finished run's summary.json.
+
+  For runs recorded before summaries carried the breakdown: rebuilds the
+  test split and the model from workdir/config.json, restores the last
+  checkpoint and scores its best-validation parameters. The overall accuracy
+  must reproduce the recorded one (a mismatch raises: the run folder and the
+  code disagree).
+  """
+  import ml_collections
+
+  summary_path = os.path.join(workdir, 'summary.json')
+  with open(summary_path) as f:
+    summary = json.load(f)
+  if not summary.get('finished') or 'test_accuracy' not in summary:
+    raise ValueError(f'{workdir}: not a finished run with a test score.')
+  with open(os.path.join(workdir, 'config.json')) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  init, _, eval_step, _ = _config_programs(config)
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'))
+  state, data_state = _restore(ckpt, init(jax.random.key(config.seed)))
+  ckpt.close()
+  if data_state is None:
+    raise ValueError(f'{workdir}: no checkpoint to rescore.')
+  test = _eval_split(config, 'test', config.task.num_test, config.seed)
+  best = state.best_params if float(state.best_val_acc) >= 0 else state.params
+  res = evaluate(
+    eval_step, best, test, config.eval.batch_size, per_sequence=True
+  )
+  if abs(res['accuracy'] - summary['test_accuracy']) > 1e-6:
+    raise ValueError(
+      f'{workdir}: rescored test accuracy {res["accuracy"]:.6f} differs '
+      f'from the recorded {summary["test_accuracy"]:.6f}.'
+    )
+  summary['test_accuracy_by_length'] = accuracy_by_length(
+    res['hit'], test['lengths'], num_buckets
+  )
+  metrics.write_json(summary_path, summary)
+  return summary
+
+
 def train_state_tracking(config, workdir: str) -> dict:
   """Trains and tests one (model, task, seed) run; returns the summary.
 
@@ -258,34 +369,13 @@ def train_state_tracking(config, workdir: str) -> dict:
   t0 = time.time()
 
   ccfg = classifier_config(config)
-  o = config.optim
-  warmup = int(round(o.warmup_fraction * tr.num_steps))
-  opt = dict(
-    learning_rate=o.learning_rate,
-    warmup_steps=warmup,
-    total_steps=tr.num_steps,
-    weight_decay=o.weight_decay,
-    b1=o.b1,
-    b2=o.b2,
-    grad_clip=o.grad_clip,
-    final_lr_fraction=o.final_lr_fraction,
-  )
-  init, train_step, eval_step, schedule = _programs(
-    ccfg, tuple(sorted(opt.items())), tr.fast_compile
-  )
-  state = init(jax.random.key(seed))
+  init, train_step, eval_step, schedule = _config_programs(config)
   ckpt = checkpoint.Checkpointer(
     os.path.join(workdir, 'checkpoints'), max_to_keep=tr.max_checkpoints
   )
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  restored = ckpt.restore_latest(
-    jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state
-    )
-  )
+  state, data_state = _restore(ckpt, init(jax.random.key(seed)))
   wall_before = 0.0
-  if restored is not None:
-    state, data_state, _ = restored
+  if data_state is not None:
     wall_before = float(data_state.get('wall_s', 0.0))
     print(f'resumed {workdir} at step {int(state.step)}', flush=True)
   start = int(state.step)
@@ -368,13 +458,20 @@ def train_state_tracking(config, workdir: str) -> dict:
     bs = config.eval.batch_size
     params = state.best_params if float(state.best_val_acc) >= 0 else None
     final = evaluate(eval_step, state.params, test, bs)
-    best = final if params is None else evaluate(eval_step, params, test, bs)
+    best = evaluate(
+      eval_step,
+      state.params if params is None else params,
+      test,
+      bs,
+      per_sequence=True,
+    )
     summary.update(
       test_accuracy=best['accuracy'],
       test_loss=best['loss'],
       test_accuracy_final=final['accuracy'],
       test_lengths=list(config.task.eval_lengths),
       num_test=config.task.num_test,
+      test_accuracy_by_length=accuracy_by_length(best['hit'], test['lengths']),
     )
     writer.write(done, 'test', {'accuracy': best['accuracy']})
     print(
