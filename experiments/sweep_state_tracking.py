@@ -146,32 +146,22 @@ def plot_curves(
           )
   if not curves:
     return None
-  import matplotlib
-
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
-
-  shown = [t for t in tasks if any(k[0] == t for k in curves)]
-  fig, axes = plt.subplots(
-    1, len(shown), figsize=(3.6 * len(shown), 3.2), squeeze=False
-  )
   colors = {m: f'C{i}' for i, m in enumerate(models)}
-  for ax, task in zip(axes[0], shown, strict=True):
+
+  def draw(ax, task):
     for (t, model, seed), (steps, acc) in curves.items():
       if t == task:
         label = model if seed == min(seeds) else None
         ax.plot(steps, acc, color=colors[model], alpha=0.8, label=label)
-    ax.set_title(task)
-    ax.set_xlabel('step')
-    ax.set_ylim(0, 101)
-    ax.grid(alpha=0.3)
-  axes[0][0].set_ylabel('validation accuracy (%), lengths 40-256')
-  axes[0][0].legend(fontsize=7)
-  fig.tight_layout()
-  path = os.path.join(out, 'curves.png')
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+
+  shown = [t for t in tasks if any(k[0] == t for k in curves)]
+  return _task_panels(
+    os.path.join(out, 'curves.png'),
+    shown,
+    draw,
+    'step',
+    'validation accuracy (%), lengths 40-256',
+  )
 
 
 def rescore(
@@ -218,34 +208,48 @@ def plot_by_length(
           data.setdefault((task, model), []).append(rows)
   if not data:
     return None
+
+  def draw(ax, task):
+    for i, model in enumerate(models):
+      runs = data.get((task, model), [])
+      for rows in runs:
+        mid = [sum(r['lengths']) / 2 for r in rows]
+        acc = [100 * r['accuracy'] for r in rows]
+        ax.plot(mid, acc, color=f'C{i}', alpha=0.35, lw=0.8)
+      if runs and all(len(r) == len(runs[0]) for r in runs):
+        mid = [sum(r['lengths']) / 2 for r in runs[0]]
+        acc = np.mean([[100 * r['accuracy'] for r in x] for x in runs], 0)
+        ax.plot(mid, acc, color=f'C{i}', marker='o', ms=3, label=model)
+
+  shown = [t for t in tasks if any(k[0] == t for k in data)]
+  return _task_panels(
+    os.path.join(out, 'accuracy_by_length.png'),
+    shown,
+    draw,
+    'test length',
+    'test accuracy (%)',
+  )
+
+
+def _task_panels(path, tasks, draw, xlabel: str, ylabel: str) -> str:
+  """One accuracy panel per task, drawn by draw(ax, task); saved to path."""
   import matplotlib
 
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
 
-  shown = [t for t in tasks if any(k[0] == t for k in data)]
   fig, axes = plt.subplots(
-    1, len(shown), figsize=(3.6 * len(shown), 3.2), squeeze=False
+    1, len(tasks), figsize=(3.6 * len(tasks), 3.2), squeeze=False
   )
-  for ax, task in zip(axes[0], shown, strict=True):
-    for i, model in enumerate(models):
-      for rows in data.get((task, model), []):
-        mid = [sum(r['lengths']) / 2 for r in rows]
-        acc = [100 * r['accuracy'] for r in rows]
-        ax.plot(mid, acc, color=f'C{i}', alpha=0.35, lw=0.8)
-      runs = data.get((task, model), [])
-      if runs and all(len(r) == len(runs[0]) for r in runs):
-        mid = [sum(r['lengths']) / 2 for r in runs[0]]
-        acc = np.mean([[100 * r['accuracy'] for r in x] for x in runs], 0)
-        ax.plot(mid, acc, color=f'C{i}', marker='o', ms=3, label=model)
+  for ax, task in zip(axes[0], tasks, strict=True):
+    draw(ax, task)
     ax.set_title(task)
-    ax.set_xlabel('test length')
+    ax.set_xlabel(xlabel)
     ax.set_ylim(0, 101)
     ax.grid(alpha=0.3)
-  axes[0][0].set_ylabel('test accuracy (%)')
+  axes[0][0].set_ylabel(ylabel)
   axes[0][0].legend(fontsize=7)
   fig.tight_layout()
-  path = os.path.join(out, 'accuracy_by_length.png')
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return path
