@@ -115,6 +115,19 @@ def test_resume_equals_uninterrupted(tmp_path):
   np.testing.assert_allclose(train('part'), train('full'), rtol=1e-6)
 
 
+def test_early_stop_is_final_and_tested(tmp_path):
+  c = _resume_config()
+  c.train.early_stop_accuracy = 1e-9  # Any validation score reaches it.
+  summary = classification.train_state_tracking(c, str(tmp_path))
+  assert summary['steps'] == c.train.eval_every == 3
+  assert summary['early_stop_step'] == 3 and summary['finished']
+  assert 'test_accuracy' in summary
+  # Starting the run again trains no further.
+  again = classification.train_state_tracking(c, str(tmp_path))
+  assert again['steps'] == 3 and again['early_stop_step'] == 3
+  assert again['test_accuracy'] == summary['test_accuracy']
+
+
 def test_nan_guard_stops_and_names_the_step(tmp_path, monkeypatch):
   # Same config as the resume test (its compiled programs are reused); the
   # third batch holds out-of-range token ids, whose embeddings are NaN.

@@ -407,6 +407,12 @@ def train_state_tracking(config, workdir: str) -> dict:
   stop = tr.num_steps
   if tr.halt_after_steps:
     stop = min(stop, start + tr.halt_after_steps)
+  early_stop = float(tr.get('early_stop_accuracy', 0.0))
+  early_step = -1
+  if data_state is not None:  # A run that stopped early stays stopped.
+    early_step = int(data_state.get('early_stop_step', -1))
+    if early_step > 0:
+      stop = start
   window, status = [], 'ok'
   for step in range(start + 1, stop + 1):
     state, m = train_step(state, next(stream))
@@ -435,9 +441,19 @@ def train_state_tracking(config, workdir: str) -> dict:
         f'(best {float(state.best_val_acc):.4f} at {int(state.best_step)})',
         flush=True,
       )
+      if 0 < early_stop <= res['accuracy'] and step < tr.num_steps:
+        early_step, last = step, True
+        print(
+          f'early stop at step {step}: validation accuracy '
+          f'{res["accuracy"]:.4f} >= train.early_stop_accuracy={early_stop}',
+          flush=True,
+        )
     if step % tr.checkpoint_every == 0 or last:
       wall = wall_before + time.time() - t0
-      ckpt.save(step, state, {'batches': step, 'wall_s': wall})
+      data = {'batches': step, 'wall_s': wall, 'early_stop_step': early_step}
+      ckpt.save(step, state, data)
+    if early_step > 0:
+      break
   ckpt.close()
 
   done = int(state.step)
@@ -448,7 +464,8 @@ def train_state_tracking(config, workdir: str) -> dict:
     'status': status,
     'steps': done,
     'num_steps': tr.num_steps,
-    'finished': status == 'ok' and done >= tr.num_steps,
+    'finished': status == 'ok' and (done >= tr.num_steps or early_step > 0),
+    'early_stop_step': early_step,
     'bad_step': int(state.bad_step),
     'best_val_accuracy': float(state.best_val_acc),
     'best_step': int(state.best_step),
