@@ -44,6 +44,9 @@ test sequences of length 40-256; sweep command above, 28 min in all):
                     never left the 20% plateau in 3000 steps)
   complex diagonal  parity 55.4 +- 0.5, cycle nav 77.7 +- 31.6 (2 of 3 seeds
                     at 100%: phases +-2 pi / 5 solve it exactly)
+With 'cpu_long' (3 seeds): PD-SSM parity 99.7, cycle nav 99.9, even pairs
+96.9 (one seed 91.4), mod arith 20.1 (chance; its minimal automaton has 49
+states > N = 16). Full tables: docs/RESULTS.md section 5.
 """
 
 from __future__ import annotations
