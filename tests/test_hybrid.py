@@ -121,13 +121,7 @@ def test_hybrid_backbone_trains_end_to_end_on_the_quickstart_corpus(tmp_path):
   assert np.isfinite(summary['validation']['bits_per_token'])
   text = (tmp_path / 'samples.txt').read_text()
   assert text.strip(), 'no sample written'
-  # The run really holds SSM mixers: PD-SSM dictionary parameters exist.
-  from ddlm_jax.training import restore
-
-  run = restore.load_run(str(tmp_path))
-  run.checkpointer.close()
-  paths = [
-    '/'.join(map(str, p))
-    for p, _ in jax.tree_util.tree_leaves_with_path(run.state.params)
-  ]
-  assert any('dictionary' in p for p in paths), paths[:10]
+  # The checkpoint really holds SSM mixers: its tree metadata names the
+  # PD-SSM dictionary parameters (read as text: no model is rebuilt).
+  meta = list(tmp_path.glob('checkpoints/*/state/_METADATA'))
+  assert meta and 'dictionary' in meta[-1].read_text()
