@@ -17,6 +17,7 @@ adds that breakdown to runs recorded without it).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -44,6 +45,12 @@ _RESCORE = flags.DEFINE_bool(
 
 def run_dir(out: str, model: str, task: str, seed: int) -> str:
   return os.path.join(out, f'{model}_{task}_s{seed}')
+
+
+def _run_dirs(out: str, models, tasks, seeds):
+  """(task, model, seed, workdir) for every run of the grid, task-major."""
+  for task, model, seed in itertools.product(tasks, models, seeds):
+    yield task, model, seed, run_dir(out, model, task, seed)
 
 
 def load_summary(workdir: str) -> dict | None:
@@ -134,16 +141,13 @@ def plot_curves(
   from ddlm_jax.training.metrics import read_metrics
 
   curves = {}
-  for task in tasks:
-    for model in models:
-      for seed in seeds:
-        records = read_metrics(run_dir(out, model, task, seed))
-        val = [r for r in records if r.get('split') == 'validation']
-        if val:
-          curves[(task, model, seed)] = (
-            [r['step'] for r in val],
-            [100 * r['accuracy'] for r in val],
-          )
+  for task, model, seed, workdir in _run_dirs(out, models, tasks, seeds):
+    val = [r for r in read_metrics(workdir) if r.get('split') == 'validation']
+    if val:
+      curves[(task, model, seed)] = (
+        [r['step'] for r in val],
+        [100 * r['accuracy'] for r in val],
+      )
   if not curves:
     return None
   colors = {m: f'C{i}' for i, m in enumerate(models)}
@@ -171,20 +175,16 @@ def rescore(
   from ddlm_jax.training import classification
 
   count = 0
-  for task in tasks:
-    for model in models:
-      for seed in seeds:
-        workdir = run_dir(out, model, task, seed)
-        summary = load_summary(workdir)
-        if (
-          summary
-          and summary.get('finished')
-          and 'test_accuracy' in summary
-          and 'test_accuracy_by_length' not in summary
-        ):
-          classification.rescore_by_length(workdir)
-          print(f'rescored {workdir}', flush=True)
-          count += 1
+  for _, _, _, workdir in _run_dirs(out, models, tasks, seeds):
+    summary = load_summary(workdir) or {}
+    if (
+      summary.get('finished')
+      and 'test_accuracy' in summary
+      and 'test_accuracy_by_length' not in summary
+    ):
+      classification.rescore_by_length(workdir)
+      print(f'rescored {workdir}', flush=True)
+      count += 1
   return count
 
 
@@ -199,13 +199,10 @@ def plot_by_length(
   sequences only.
   """
   data = {}
-  for task in tasks:
-    for model in models:
-      for seed in seeds:
-        summary = load_summary(run_dir(out, model, task, seed))
-        rows = (summary or {}).get('test_accuracy_by_length')
-        if rows:
-          data.setdefault((task, model), []).append(rows)
+  for task, model, _, workdir in _run_dirs(out, models, tasks, seeds):
+    rows = (load_summary(workdir) or {}).get('test_accuracy_by_length')
+    if rows:
+      data.setdefault((task, model), []).append(rows)
   if not data:
     return None
 

@@ -295,6 +295,12 @@ def _config_programs(config):
   )
 
 
+def _best_params(state: ClassifierState):
+  """The best-validation parameters, or the current ones before any
+  validation ran."""
+  return state.best_params if float(state.best_val_acc) >= 0 else state.params
+
+
 def _restore(ckpt, state):
   """(latest checkpointed state, its data state), or (state, None)."""
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -334,9 +340,12 @@ def rescore_by_length(workdir: str, num_buckets: int = 6) -> dict:
   if data_state is None:
     raise ValueError(f'{workdir}: no checkpoint to rescore.')
   test = _eval_split(config, 'test', config.task.num_test, config.seed)
-  best = state.best_params if float(state.best_val_acc) >= 0 else state.params
   res = evaluate(
-    eval_step, best, test, config.eval.batch_size, per_sequence=True
+    eval_step,
+    _best_params(state),
+    test,
+    config.eval.batch_size,
+    per_sequence=True,
   )
   if abs(res['accuracy'] - summary['test_accuracy']) > 1e-6:
     raise ValueError(
@@ -473,15 +482,12 @@ def train_state_tracking(config, workdir: str) -> dict:
   if summary['finished'] or status == 'nan':
     test = _eval_split(config, 'test', config.task.num_test, seed)
     bs = config.eval.batch_size
-    params = state.best_params if float(state.best_val_acc) >= 0 else None
-    final = evaluate(eval_step, state.params, test, bs)
-    best = evaluate(
-      eval_step,
-      state.params if params is None else params,
-      test,
-      bs,
-      per_sequence=True,
-    )
+    final = evaluate(eval_step, state.params, test, bs, per_sequence=True)
+    best = final
+    if float(state.best_val_acc) >= 0:  # Else no validation ran: same params.
+      best = evaluate(
+        eval_step, _best_params(state), test, bs, per_sequence=True
+      )
     summary.update(
       test_accuracy=best['accuracy'],
       test_loss=best['loss'],
