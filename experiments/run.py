@@ -2,14 +2,27 @@
 
 Overrides: --config.a.b=value (a typo in a key is an error). Presets:
 --config=experiments/configs/quickstart.py:smoke. Modes: train (default;
-trains, evaluates and samples), eval, sample.
+trains, evaluates and samples), eval, sample, as the config's declared
+`kind` supports them:
+
+  lm                train, eval [--split=test], sample
+  state_tracking    train, eval (test accuracy of the newest checkpoint)
+  planner_executor  train, eval (every stage trained already)
+
+A run stopped by SIGTERM or SIGINT saves a checkpoint and exits with code
+75 (PREEMPTED_EXIT_CODE); starting it again resumes it.
 """
+
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from ddlm_jax.parallel import initialize_distributed
-from ddlm_jax.training import loop
+from ddlm_jax.training.checkpoint import CheckpointSaveError
+from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
+from ddlm_jax.training.workdir_lock import WorkdirLockedError
+from experiments.modes import check_mode, run
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Experiment config file (path[:preset]).', lock_config=True
@@ -19,27 +32,35 @@ _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'sample'], '')
 _SPLIT = flags.DEFINE_string('split', 'validation', 'Split for --mode=eval.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
+# User mistakes and refusals: one line on stderr, no traceback (unless
+# --verbosity is given). Anything else is a bug and keeps its traceback.
+USER_ERRORS = (
+  ValueError,
+  FileNotFoundError,
+  FloatingPointError,
+  WorkdirLockedError,
+  CheckpointSaveError,
+)
+
 
 def main(argv):
   del argv
-  if not flags.FLAGS['verbosity'].present:
+  verbose = flags.FLAGS['verbosity'].present
+  if not verbose:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
-  initialize_distributed()
   config, workdir = _CONFIG.value, _WORKDIR.value
-  if 'task' in config:  # State tracking: experiments/configs/state_tracking.py
-    from ddlm_jax.training.classification import train_state_tracking
-
-    return print(train_state_tracking(config, workdir))
-  if 'pipeline' in config:  # Issue 8: experiments/configs/planner_executor.py
-    from ddlm_jax.planning.trainer import run_planner_executor
-
-    return print(run_planner_executor(config, workdir))
-  if _MODE.value == 'train':
-    loop.train_and_evaluate(config, workdir)
-  elif _MODE.value == 'eval':
-    print(loop.evaluate_checkpoint(config, workdir, _SPLIT.value))
-  else:
-    print(loop.sample_checkpoint(config, workdir))
+  try:
+    check_mode(config, _MODE.value)  # Before the distributed start-up.
+    initialize_distributed()
+    result = run(config, workdir, _MODE.value, _SPLIT.value)
+  except USER_ERRORS as err:
+    if verbose:
+      raise
+    print(f'error: {type(err).__name__}: {err}', file=sys.stderr)
+    sys.exit(2 if not isinstance(err, FloatingPointError) else 1)
+  print(result)
+  if isinstance(result, dict) and 'preempted_at_step' in result:
+    sys.exit(PREEMPTED_EXIT_CODE)
 
 
 if __name__ == '__main__':

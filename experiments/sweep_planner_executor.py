@@ -15,12 +15,12 @@ import json
 import os
 import time
 
-import numpy as np
 from absl import app, flags, logging
 
 from ddlm_jax.planning.trainer import run_planner_executor
+from experiments import sweeps
 from experiments.configs import planner_executor as pe_config
-from experiments.configs.common import override
+from experiments.configs.common import config_arg
 
 # name -> (pipeline, overrides)
 VARIANTS = {
@@ -40,18 +40,13 @@ _OUT = flags.DEFINE_string('out', 'runs/planner_executor', 'Output folder.')
 
 
 def _fmt(values, scale=1.0, digits=1):
-  vals = [v * scale for v in values if v is not None]
-  if not vals:
-    return '-'
-  if len(vals) == 1:
-    return f'{vals[0]:.{digits}f}'
-  return f'{np.mean(vals):.{digits}f} +- {np.std(vals):.{digits}f}'
+  return sweeps.mean_std(values, scale, digits)
 
 
 def table(results: dict) -> str:
   """Markdown table: accuracy per level (%), NFE, tokens, FLOPs."""
   levels = None
-  lines = []
+  rows = []
   for name, runs in results.items():
     if not runs:
       continue
@@ -64,56 +59,74 @@ def table(results: dict) -> str:
       for v in levels
     ]
     r0 = runs[0]
-    lines.append(
-      f'| {name} | '
-      + ' | '.join(acc)
-      + f' | {_fmt([r["accuracy_train_levels"] for r in runs], 100)}'
-      + f' | {r0["planning_nfe"]:.0f} | {r0["plan_tokens"]}'
-      + f' | {r0["latent_tokens"]}'
-      + f' | {_fmt([r["exec_tokens"] for r in runs], 1, 2)}'
-      + f' | {r0["flops"] / 1e6:.2f} | {r0["flops_kv"] / 1e6:.2f}'
-      + ' | '
-      + ' / '.join(plan)
-      + ' |'
+    rows.append(
+      [
+        name,
+        *acc,
+        _fmt([r['accuracy_train_levels'] for r in runs], 100),
+        f'{r0["planning_nfe"]:.0f}',
+        r0['plan_tokens'],
+        r0['latent_tokens'],
+        _fmt([r['exec_tokens'] for r in runs], 1, 2),
+        f'{r0["flops"] / 1e6:.2f}',
+        f'{r0["flops_kv"] / 1e6:.2f}',
+        ' / '.join(plan),
+      ]
     )
-  head = (
-    '| pipeline | '
-    + ' | '.join(f'L{v} %' for v in levels)
-    + ' | L1-4 % | plan NFE | plan tokens | latent tokens | exec tokens'
-    + ' | MFLOP/problem (as run) | MFLOP (KV-cached ARM)'
-    + ' | plan exact % L1/.../L5 |'
-  )
-  sep = '|' + '---|' * (head.count('|') - 1)
-  return '\n'.join([head, sep, *lines])
+  head = [
+    'pipeline',
+    *(f'L{v} %' for v in levels or []),
+    'L1-4 %',
+    'plan NFE',
+    'plan tokens',
+    'latent tokens',
+    'exec tokens',
+    'MFLOP/problem (as run)',
+    'MFLOP (KV-cached ARM)',
+    'plan exact % L1/.../L5',
+  ]
+  return sweeps.markdown_table(head, rows)
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
-  os.makedirs(_OUT.value, exist_ok=True)
+  out, preset = _OUT.value, _PRESET.value
+  for name in _VARIANTS.value:
+    if name not in VARIANTS:
+      raise ValueError(
+        f'unknown variant {name!r}; choose from {list(VARIANTS)}.'
+      )
+  os.makedirs(out, exist_ok=True)
   results = {name: [] for name in _VARIANTS.value}
   t0 = time.time()
-  for seed in [int(s) for s in _SEEDS.value]:
-    base = os.path.join(_OUT.value, f'seed{seed}')
-    for name in _VARIANTS.value:
-      if name not in VARIANTS:
-        raise ValueError(
-          f'unknown variant {name!r}; choose from {list(VARIANTS)}.'
-        )
-      pipeline, overrides = VARIANTS[name]
-      arg = f'{pipeline},{_PRESET.value}' if _PRESET.value else pipeline
-      config = pe_config.get_config(arg)
-      config.seed = seed
-      config.models_dir = os.path.join(base, 'models')
-      override(config, overrides)
-      print(f'== seed {seed} {name} ({time.time() - t0:.0f}s)', flush=True)
-      results[name].append(
-        run_planner_executor(config, os.path.join(base, name))
-      )
-      with open(os.path.join(_OUT.value, 'results.json'), 'w') as f:
-        json.dump(results, f, indent=2)
-      with open(os.path.join(_OUT.value, 'results.md'), 'w') as f:
-        f.write(table(results) + '\n')
+  runs = sweeps.grid(
+    out,
+    _VARIANTS.value,
+    [int(s) for s in _SEEDS.value],
+    dirname=os.path.join('seed{seed}', '{name}'),
+    overrides=lambda name, seed: {
+      'models_dir': os.path.join(out, f'seed{seed}', 'models'),
+      **VARIANTS[name][1],
+    },
+  )
+
+  def make_config(name):
+    return pe_config.get_config(config_arg(VARIANTS[name][0], preset))
+
+  def train(config, workdir):
+    name = os.path.basename(workdir)
+    print(f'== seed {config.seed} {name} ({time.time() - t0:.0f}s)', flush=True)
+    return run_planner_executor(config, workdir)
+
+  # done=None: every variant is scored again; its trainers resume from
+  # their checkpoints and the shared models train once per seed.
+  for result in sweeps.run_grid(runs, make_config, train):
+    results[result.run.name].append(result.summary)
+    with open(os.path.join(out, 'results.json'), 'w') as f:
+      json.dump(results, f, indent=2)
+    with open(os.path.join(out, 'results.md'), 'w') as f:
+      f.write(table(results) + '\n')
   print(table(results))
   print(f'total {time.time() - t0:.0f}s')
 

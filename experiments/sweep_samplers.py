@@ -30,8 +30,9 @@ import numpy as np
 
 from ddlm_jax.evaluation.sample_metrics import ARScorer, sample_quality
 from ddlm_jax.evaluation.sample_run import draw_samples, reference_texts
-from ddlm_jax.sampling.registry import get_sampler, parse_spec, sampler_params
-from ddlm_jax.training.restore import load_run
+from ddlm_jax.sampling import sweep as sampler_sweep
+from ddlm_jax.sampling.registry import get_sampler
+from ddlm_jax.training.run import load_run
 
 
 def build_grid(args) -> list[dict]:
@@ -43,36 +44,13 @@ def build_grid(args) -> list[dict]:
         text = f.read()
     entries = json.loads(text)
   else:
-    steps = [int(s) for s in args.steps.split(',') if s]
-    gammas = [float(g) for g in args.gammas.split(',') if g]
-    entries = []
-    for spec in filter(None, (s.strip() for s in args.samplers.split(';'))):
-      name, params = parse_spec(spec)
-      if name == 'eb' and 'gamma' not in params:
-        entries += [{'name': name, 'params': {**params, 'gamma': g}}
-                    for g in gammas]  # fmt: skip
-      elif name == 'semi_ar':
-        inner = dict(params.get('inner_params', {}))
-        blocks = -(-args.length // params.get('block_length', 32))
-        for t in steps:
-          p = dict(params)
-          p['inner_params'] = {'num_steps': max(1, t // blocks), **inner}
-          entries.append({'name': name, 'params': p})
-      elif (
-        'num_steps' in sampler_params(name)
-        and 'num_steps' not in params
-        and not params.get('tokens_per_step')
-      ):
-        entries += [{'name': name, 'params': {**params, 'num_steps': t}}
-                    for t in steps]  # fmt: skip
-      else:
-        entries.append({'name': name, 'params': params})
-  for e in entries:
-    e.setdefault('params', {})
-    e['label'] = e.get('label') or e['name'] + ''.join(
-      f' {k}={v}' for k, v in sorted(e['params'].items())
+    entries = sampler_sweep.expand_specs(
+      args.samplers.split(';'),
+      steps=[int(s) for s in args.steps.split(',') if s],
+      gammas=[float(g) for g in args.gammas.split(',') if g],
+      length=args.length,
     )
-  return entries
+  return sampler_sweep.label_entries(entries)
 
 
 def pareto_front(xs, ys):

@@ -24,7 +24,11 @@ import sys
 
 import numpy as np
 
+from ddlm_jax.evaluation import soft_masking
+from ddlm_jax.training.run import load_run
+from experiments import sweeps
 from experiments.configs import sm_continue
+from experiments.configs.common import config_arg
 
 METRICS = (
   ('gen_ppl_corpus', 'gen-ppl'),
@@ -33,22 +37,29 @@ METRICS = (
 )
 
 
-def train_arm(arm, seed, init_from, workdir, preset='') -> dict:
-  """Trains one arm (skipped when its summary says it finished)."""
+def _finished(summary: dict | None) -> bool:
+  return bool(summary) and 'validation' in summary
+
+
+def _train(config, workdir) -> dict:
   from ddlm_jax.training.loop import train_and_evaluate
 
-  path = os.path.join(workdir, 'summary.json')
-  if os.path.exists(path):
-    with open(path) as f:
-      summary = json.load(f)
-    if 'validation' in summary:
-      print(f'skip {workdir} (finished)', flush=True)
-      return summary
-  config = sm_continue.get_config(f'{arm},{preset}' if preset else arm)
-  config.seed = seed
-  config.train.init_from = init_from
-  config.sample.num_samples = 0  # The sweep below samples.
   return train_and_evaluate(config, workdir)
+
+
+def train_arms(arms, seeds, args):
+  """Trains every arm at every seed into OUT/ARM_sSEED (finished: skipped)."""
+  runs = sweeps.grid(
+    args.out,
+    arms,
+    seeds,
+    overrides=lambda arm, seed: {
+      'train.init_from': args.init_from,
+      'sample.num_samples': 0,  # The sweep below samples.
+    },
+  )
+  make_config = lambda arm: sm_continue.get_config(config_arg(arm, args.preset))
+  return sweeps.run_grid(runs, make_config, _train, done=_finished)
 
 
 def sweep(workdir: str, args) -> dict:
@@ -71,107 +82,60 @@ def sweep(workdir: str, args) -> dict:
     return json.load(f)
 
 
-PROFILE_TIMES = (0.1, 0.3, 0.5, 0.7, 0.9)
-
-
 def lambda_profile(workdir: str, num_batches: int = 8) -> dict:
-  """Mean lambda over masked validation positions at fixed times t.
-
-  z_t is drawn at each t, pass 1 (the plain network) predicts, and lambda
-  is read from its logits exactly as pass 2 would: how much feedback the
-  trained SM layer lets through at each masking level.
-  """
-  import jax
-  import jax.numpy as jnp
-
-  from ddlm_jax.training.restore import load_run
-  from ddlm_jax.training.steps import make_apply
-
+  """Mean lambda over masked validation positions at fixed times t."""
   run = load_run(workdir)
-  process = run.process
-  graphdef = run.graphdef
-
-  @jax.jit
-  def stats(params, key, x_BxL, t):
-    model = make_apply(graphdef, params)
-    t_B = jnp.full((x_BxL.shape[0],), t)
-    z_BxL = process.corrupt(key, x_BxL, t_B)
-    lam_BxL = model.feedback_lambda(model(z_BxL, t_B))
-    masked = (z_BxL == process.mask_id).astype(jnp.float32)
-    return jnp.sum(lam_BxL * masked), jnp.sum(masked), jnp.max(lam_BxL)
-
-  batches = run.data.eval_batches(
-    'validation', seq_len=run.config.data.seq_len, batch_size=32,
-    max_batches=num_batches,
-  )  # fmt: skip
-  out = {}
-  for t in PROFILE_TIMES:
-    num = den = peak = 0.0
-    for i, b in enumerate(batches):
-      n, d, m = stats(
-        run.eval_params(), jax.random.key(i), jnp.asarray(b['tokens']), t
-      )
-      num, den, peak = num + float(n), den + float(d), max(peak, float(m))
-    out[str(t)] = {'mean_lambda': num / max(den, 1.0), 'max_lambda': peak}
-  w_s, w_a, w_b = (
-    float(v)
-    for v in make_apply(graphdef, run.eval_params()).soft_mask.scalars()
-  )
-  run.checkpointer.close()
-  return {'by_t': out, 'w_s': w_s, 'w_a': w_a, 'w_b': w_b}
+  run.close()
+  return soft_masking.lambda_profile(run, num_batches=num_batches)
 
 
-def _mean_std(values) -> str:
-  v = np.asarray([x for x in values if x is not None], float)
-  if v.size == 0:
-    return '-'
-  return f'{v.mean():.3f} +- {v.std():.3f}' if v.size > 1 else f'{v[0]:.3f}'
+_mean_std = sweeps.mean_std
 
 
 def aggregate(results: dict, steps: list[int]) -> str:
   """Markdown tables: validation bound per arm, quality per (arm, T)."""
-  lines = ['| arm | steps | validation bits/char | n |', '|---|---|---|---|']
+  bound = []
   for arm, runs in results['arms'].items():
-    if not runs:
-      continue
-    bpc = [r['validation']['bits_per_token'] for r in runs]
-    lines.append(
-      f'| {arm} | {runs[0]["steps"]} | {_mean_std(bpc)} | {len(runs)} |'
-    )
-  lines += ['', '| arm | T | NFE | ' + ' | '.join(n for _, n in METRICS)
-            + ' |', '|---|---|---|' + '---|' * len(METRICS)]  # fmt: skip
+    if runs:
+      bpc = [r['validation']['bits_per_token'] for r in runs]
+      bound.append([arm, runs[0]['steps'], _mean_std(bpc), len(runs)])
+  quality = []
   arms = [(a, r) for a, r in results['arms'].items() if r]
   for arm, runs in [('start', [results['start']])] + arms:
     for t in steps:
       rows = [_row(r['sweep'], t) for r in runs]
       rows = [r for r in rows if r]
-      if not rows:
-        continue
-      cells = [_mean_std([r.get(k) for r in rows]) for k, _ in METRICS]
-      nfe = _mean_std([r['nfe'] for r in rows])
-      lines.append(f'| {arm} | {t} | {nfe} | ' + ' | '.join(cells) + ' |')
-  profiles = [
-    r['lambda'] for r in results['arms'].get('sm', []) if 'lambda' in r
+      if rows:
+        cells = [_mean_std([r.get(k) for r in rows]) for k, _ in METRICS]
+        quality.append([arm, t, _mean_std([r['nfe'] for r in rows]), *cells])
+  tables = [
+    sweeps.markdown_table(['arm', 'steps', 'validation bits/char', 'n'], bound),
+    sweeps.markdown_table(
+      ['arm', 'T', 'NFE', *(n for _, n in METRICS)], quality
+    ),
   ]
-  if profiles:
-    lines += ['', '| SM run | w_s | w_a | w_b | ' + ' | '.join(
-      f'mean lambda at t={t}' for t in PROFILE_TIMES) + ' |',
-      '|---|---|---|---|' + '---|' * len(PROFILE_TIMES)]  # fmt: skip
-    for r in results['arms']['sm']:
-      prof = r.get('lambda')
-      if prof:
-        cells = [f'{prof["by_t"][str(t)]["mean_lambda"]:.4f}'
-                 for t in PROFILE_TIMES]  # fmt: skip
-        lines.append(
-          f'| seed {r["seed"]} | {prof["w_s"]:.3f} | {prof["w_a"]:.3f} | '
-          f'{prof["w_b"]:.3f} | ' + ' | '.join(cells) + ' |'
-        )
+  sm_runs = [r for r in results['arms'].get('sm', []) if r.get('lambda')]
+  if sm_runs:
+    head = ['SM run', 'w_s', 'w_a', 'w_b']
+    head += [f'mean lambda at t={t}' for t in soft_masking.PROFILE_TIMES]
+    rows = []
+    for r in sm_runs:
+      prof = r['lambda']
+      rows.append(
+        [f'seed {r["seed"]}']
+        + [f'{prof[w]:.3f}' for w in ('w_s', 'w_a', 'w_b')]
+        + [
+          f'{prof["by_t"][str(t)]["mean_lambda"]:.4f}'
+          for t in soft_masking.PROFILE_TIMES
+        ]
+      )
+    tables.append(sweeps.markdown_table(head, rows))
   ref = results['start']['sweep']['reference']
-  lines.append(
-    f'\nValidation text: gen-ppl {ref["gen_ppl_corpus"]:.3f}, entropy '
-    f'{ref["unigram_entropy_bits"]:.3f} bits.'
+  return (
+    '\n\n'.join(tables)
+    + f'\n\nValidation text: gen-ppl {ref["gen_ppl_corpus"]:.3f}, entropy '
+    f'{ref["unigram_entropy_bits"]:.3f} bits.\n'
   )
-  return '\n'.join(lines) + '\n'
 
 
 def _row(sweep_result: dict, t: int) -> dict | None:
@@ -232,27 +196,26 @@ def main():
   os.makedirs(args.out, exist_ok=True)
   results = {'arms': {a: [] for a in arms}, 'args': vars(args)}
   results['start'] = {'sweep': sweep(args.init_from, args)}
-  for seed in [int(s) for s in args.seeds.split(',')]:
-    for arm in arms:
-      workdir = os.path.join(args.out, f'{arm}_s{seed}')
-      summary = train_arm(arm, seed, args.init_from, workdir, args.preset)
-      results['arms'][arm].append(
-        {
-          'seed': seed,
-          'steps': summary['steps'],
-          'train_seconds': summary.get('train_seconds'),
-          'validation': summary['validation'],
-          'sweep': sweep(workdir, args),
-        }
-      )
-      if arm == 'sm':
-        results['arms'][arm][-1]['lambda'] = lambda_profile(workdir)
-      with open(os.path.join(args.out, 'results.json'), 'w') as f:
-        json.dump(results, f, indent=2)
-      table = aggregate(results, steps)
-      with open(os.path.join(args.out, 'results.md'), 'w') as f:
-        f.write(table)
-      plot(results, steps, os.path.join(args.out, 'quality_vs_steps.png'))
+  seeds = [int(s) for s in args.seeds.split(',')]
+  for result in train_arms(arms, seeds, args):
+    arm, workdir, summary = result.run.name, result.run.workdir, result.summary
+    results['arms'][arm].append(
+      {
+        'seed': result.run.seed,
+        'steps': summary['steps'],
+        'train_seconds': summary.get('train_seconds'),
+        'validation': summary['validation'],
+        'sweep': sweep(workdir, args),
+      }
+    )
+    if arm == 'sm':
+      results['arms'][arm][-1]['lambda'] = lambda_profile(workdir)
+    with open(os.path.join(args.out, 'results.json'), 'w') as f:
+      json.dump(results, f, indent=2)
+    table = aggregate(results, steps)
+    with open(os.path.join(args.out, 'results.md'), 'w') as f:
+      f.write(table)
+    plot(results, steps, os.path.join(args.out, 'quality_vs_steps.png'))
   print(table)
 
 

@@ -22,10 +22,15 @@ import json
 import os
 import time
 
+import ml_collections
 import numpy as np
 from absl import app, flags, logging
 
+from ddlm_jax.training import classification
+from ddlm_jax.training.metrics import read_metrics, write_json
+from experiments import sweeps
 from experiments.configs import state_tracking as cfgs
+from experiments.configs.common import config_arg
 
 _MODELS = flags.DEFINE_list('models', ['pdssm', 'complex_diag'], 'Models.')
 _TASKS = flags.DEFINE_list('tasks', ['parity', 'cycle_nav'], 'Tasks.')
@@ -43,8 +48,12 @@ _RESCORE = flags.DEFINE_bool(
 )
 
 
+def _name(model: str, task: str) -> str:
+  return f'{model}_{task}'
+
+
 def run_dir(out: str, model: str, task: str, seed: int) -> str:
-  return os.path.join(out, f'{model}_{task}_s{seed}')
+  return os.path.join(out, f'{_name(model, task)}_s{seed}')
 
 
 def _run_dirs(out: str, models, tasks, seeds):
@@ -53,12 +62,7 @@ def _run_dirs(out: str, models, tasks, seeds):
     yield task, model, seed, run_dir(out, model, task, seed)
 
 
-def load_summary(workdir: str) -> dict | None:
-  path = os.path.join(workdir, 'summary.json')
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+load_summary = sweeps.load_summary
 
 
 def _done(summary: dict | None) -> bool:
@@ -66,10 +70,7 @@ def _done(summary: dict | None) -> bool:
 
 
 def _cell(values: list[float]) -> str:
-  if not values:
-    return '-'
-  v = 100 * np.asarray(values)
-  return f'{v.mean():.1f} +- {v.std():.1f} (n={len(v)})'
+  return sweeps.mean_std(values, scale=100, digits=1, show_n=True)
 
 
 def _paper(model: str, task: str) -> str:
@@ -84,9 +85,7 @@ def results_table(
   out: str, models: list[str], tasks: list[str], seeds: list[int]
 ) -> dict:
   """Collects the finished runs; writes OUT/results.{json,md}."""
-  rows, lines = [], []
-  header = '| model | ' + ' | '.join(tasks) + ' |'
-  lines += [header, '|---' * (len(tasks) + 1) + '|']
+  rows, cells = [], []
   for model in models:
     ours, paper = [], []
     for task in tasks:
@@ -112,12 +111,11 @@ def results_table(
       )
       ours.append(_cell(acc))
       paper.append(_paper(model, task))
-    lines.append(f'| {model} (ours) | ' + ' | '.join(ours) + ' |')
-    lines.append(f'| {model} (paper) | ' + ' | '.join(paper) + ' |')
+    cells += [[f'{model} (ours)', *ours], [f'{model} (paper)', *paper]]
   wall = sum(sum(r['wall_s']) for r in rows)
   text = (
     '# State-tracking sweep: test accuracy (%), mean +- std over seeds\n\n'
-    + '\n'.join(lines)
+    + sweeps.markdown_table(['model', *tasks], cells)
     + f'\n\nTotal run wall time {wall / 60:.1f} min. Paper: Table 2 of '
     'arXiv 2509.22284, 5 seeds (random: 50 / 20 / 20 / 50 for parity / '
     'cycle nav / mod arith / even pairs).\n'
@@ -138,8 +136,6 @@ def plot_curves(
   State-tracking runs sit on a chance plateau and then jump; the curves show
   where (and whether) each seed left it, which the final table cannot.
   """
-  from ddlm_jax.training.metrics import read_metrics
-
   curves = {}
   for task, model, seed, workdir in _run_dirs(out, models, tasks, seeds):
     val = [r for r in read_metrics(workdir) if r.get('split') == 'validation']
@@ -168,12 +164,41 @@ def plot_curves(
   )
 
 
+def rescore_by_length(workdir: str, num_buckets: int = 6) -> dict:
+  """Adds test accuracy by length bucket to a finished run's summary.json.
+
+  For runs recorded before summaries carried the breakdown: rebuilds the
+  test split and the model from workdir/config.json, restores the last
+  checkpoint and scores its best-validation parameters. The overall accuracy
+  must reproduce the recorded one (a mismatch raises: the run folder and the
+  code disagree).
+  """
+  summary_path = os.path.join(workdir, 'summary.json')
+  with open(summary_path) as f:
+    summary = json.load(f)
+  if not summary.get('finished') or 'test_accuracy' not in summary:
+    raise ValueError(f'{workdir}: not a finished run with a test score.')
+  with open(os.path.join(workdir, 'config.json')) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  res, test = classification.score_best(
+    config, classification.restore_state(config, workdir)
+  )
+  if abs(res['accuracy'] - summary['test_accuracy']) > 1e-6:
+    raise ValueError(
+      f'{workdir}: rescored test accuracy {res["accuracy"]:.6f} differs '
+      f'from the recorded {summary["test_accuracy"]:.6f}.'
+    )
+  summary['test_accuracy_by_length'] = classification.accuracy_by_length(
+    res['hit'], test['lengths'], num_buckets
+  )
+  write_json(summary_path, summary)
+  return summary
+
+
 def rescore(
   out: str, models: list[str], tasks: list[str], seeds: list[int]
 ) -> int:
   """Adds accuracy by length to finished runs that lack it; returns count."""
-  from ddlm_jax.training import classification
-
   count = 0
   for _, _, _, workdir in _run_dirs(out, models, tasks, seeds):
     summary = load_summary(workdir) or {}
@@ -182,7 +207,7 @@ def rescore(
       and 'test_accuracy' in summary
       and 'test_accuracy_by_length' not in summary
     ):
-      classification.rescore_by_length(workdir)
+      rescore_by_length(workdir)
       print(f'rescored {workdir}', flush=True)
       count += 1
   return count
@@ -261,32 +286,36 @@ def sweep(
   num_steps: int = 0,
 ) -> dict:
   """Runs every missing (model, task, seed); returns the results table."""
-  from ddlm_jax.training import classification
-
   configs = {
-    (m, t): cfgs.get_config(f'{m},{t},{preset}') for m in models for t in tasks
+    _name(m, t): cfgs.get_config(config_arg(m, t, preset))
+    for m in models
+    for t in tasks
   }  # Validates every name before the first run starts.
   os.makedirs(out, exist_ok=True)
-  for seed in seeds:
-    for model in models:
-      for task in tasks:
-        workdir = run_dir(out, model, task, seed)
-        if _done(load_summary(workdir)):
-          print(f'skip {workdir} (finished)', flush=True)
-          continue
-        config = configs[(model, task)].copy_and_resolve_references()
-        config.seed = seed
-        if num_steps:
-          config.train.num_steps = num_steps
-        t0 = time.time()
-        summary = classification.train_state_tracking(config, workdir)
-        print(
-          f'== {model} {task} seed {seed}: test '
-          f'{summary.get("test_accuracy", float("nan")):.4f} '
-          f'({time.time() - t0:.0f} s)',
-          flush=True,
-        )
-        results_table(out, models, tasks, seeds)
+
+  def train(config, workdir):
+    t0 = time.time()
+    summary = classification.train_state_tracking(config, workdir)
+    print(
+      f'== {config.model.mixer} {config.task.name} seed {config.seed}: test '
+      f'{summary.get("test_accuracy", float("nan")):.4f} '
+      f'({time.time() - t0:.0f} s)',
+      flush=True,
+    )
+    return summary
+
+  runs = sweeps.grid(
+    out,
+    [_name(m, t) for m in models for t in tasks],
+    seeds,
+    overrides=lambda name, seed: (
+      {'train.num_steps': num_steps} if num_steps else {}
+    ),
+  )
+  make_config = lambda name: configs[name].copy_and_resolve_references()
+  for result in sweeps.run_grid(runs, make_config, train, done=_done):
+    if result.trained:
+      results_table(out, models, tasks, seeds)
   plot_curves(out, models, tasks, seeds)
   plot_by_length(out, models, tasks, seeds)
   return results_table(out, models, tasks, seeds)

@@ -16,6 +16,7 @@ from absl import app, flags, logging
 from ddlm_jax.data.zero_shot import SUITE, ZERO_SHOT_DATASETS
 from ddlm_jax.evaluation import zero_shot
 from ddlm_jax.parallel import initialize_distributed
+from ddlm_jax.training import loop
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory.')
 _DATASETS = flags.DEFINE_list(
@@ -46,7 +47,7 @@ def main(argv):
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   initialize_distributed()
-  results = zero_shot.evaluate_run(
+  results = loop.evaluate_zero_shot(
     _WORKDIR.value,
     _DATASETS.value,
     mesh_shape=tuple(int(x) for x in _MESH.value) or None,

@@ -13,10 +13,18 @@ import zipfile
 import numpy as np
 import pytest
 
-from ddlm_jax.data import lm1b, openwebtext, pipeline, pretrained, sources
+from ddlm_jax.data import (
+  lm1b,
+  openwebtext,
+  pipeline,
+  pretrained,
+  source_registry,
+  sources,
+  tokenizers,
+)
 from ddlm_jax.data import text8 as text8_lib
 from ddlm_jax.training import builders, loop
-from experiments import recipes
+from experiments.configs.common import FIXTURES
 
 PAPER_CONFIGS = (
   'md4_text8',
@@ -104,12 +112,12 @@ def test_text8_missing_or_wrong_archive_is_explained(tmp_path):
 # ------------------------------------------------------- packed pipeline
 
 
-def test_packed_dataset_equals_embedded_pipeline_on_any_dtype():
+def test_packed_split_batches_equal_the_array_path_on_any_dtype():
   stream = (np.arange(1000) % 27).astype(np.int32)
   for shard in range(2):
     kw = dict(seq_len=10, batch_size=4, seed=5, shard_count=2)
     want = pipeline.train_dataset(stream, shard_index=shard, **kw)
-    got = sources.packed_train_dataset(
+    got = pipeline.train_dataset(
       sources.PackedSplit(stream.astype(np.uint8)), shard_index=shard, **kw
     )
     for i in range(40):  # Several epochs: offsets and shuffles move.
@@ -120,7 +128,7 @@ def test_packed_dataset_equals_embedded_pipeline_on_any_dtype():
 def test_packed_rows_are_framed_and_eval_is_in_order():
   stream = np.arange(200, dtype=np.uint16)
   split = sources.PackedSplit(stream, bos=900, eos=901)
-  ds = sources.packed_train_dataset(split, seq_len=10, batch_size=3, seed=1)
+  ds = pipeline.train_dataset(split, seq_len=10, batch_size=3, seed=1)
   x = ds[0]['tokens']
   assert (x[:, 0] == 900).all() and (x[:, -1] == 901).all()
   body = x[:, 1:-1]
@@ -142,7 +150,7 @@ def test_md4_row_split_is_disjoint_seeded_and_used_by_training():
   np.testing.assert_array_equal(val, again[1])
   stream = np.arange(1000 * 8, dtype=np.int32)
   split = sources.PackedSplit(stream, window_ids=val, grid_len=8)
-  ds = sources.packed_train_dataset(split, seq_len=8, batch_size=5, seed=0)
+  ds = pipeline.train_dataset(split, seq_len=8, batch_size=5, seed=0)
   starts = {int(r[0]) // 8 for i in range(8) for r in ds[i]['tokens']}
   assert starts == set(val.tolist())  # Only held-out rows, offset 0.
   with pytest.raises(ValueError, match='rows of length 8'):
@@ -264,6 +272,41 @@ def test_hf_tokenizer_from_path_specials_and_offline_error(
     pretrained.load_hf_tokenizer('no-such-org/no-such-tokenizer')
 
 
+def test_load_tokenizer_round_trips_every_saved_kind(tmp_path):
+  texts = ['the cat sat on the mat', 'a dog ran'] * 20
+  kinds = {
+    'char': tokenizers.CharTokenizer.from_text('abc the cat'),
+    'byte': tokenizers.ByteTokenizer(),
+    'bpe': tokenizers.BPETokenizer.train('\n'.join(texts), 270),
+    'wordpiece': pretrained.build_test_tokenizer('test:wordpiece', texts, 100),
+    'bytebpe': pretrained.build_test_tokenizer('test:bytebpe', texts, 300),
+    'text8': text8_lib.Text8Tokenizer(),
+  }
+  for name, tok in kinds.items():
+    tok.save(tmp_path / name)
+    again = tokenizers.load_tokenizer(tmp_path / name)
+    assert type(again) is type(tok) and again == tok, name
+    want = [tok.encode(t).tolist() for t in texts[:2]]
+    assert [x.tolist() for x in again.encode_batch(texts[:2])] == want
+    if isinstance(tok, tokenizers.BPETokenizer):
+      assert again.special_ids == tok.special_ids, name
+  assert tokenizers.load_tokenizer(tmp_path / 'wordpiece').special_ids.pad == 0
+  with pytest.raises(ValueError, match='subword'):
+    lm1b.lm1b_source(
+      _config('mdlm_lm1b').data, tokenizers.load_tokenizer(tmp_path / 'char')
+    )
+
+
+def test_source_registry_builds_each_corpus_and_rejects_others():
+  assert source_registry.CORPORA == ('text8', 'lm1b', 'openwebtext')
+  src = source_registry.build_source(_config('md4_text8').data)
+  assert src.name == 'text8' and src.tokenizer.vocab_size == 27
+  with pytest.raises(ValueError, match='not a source'):
+    source_registry.build_source(
+      _config('md4_text8', corpus='shakespeare').data
+    )
+
+
 # ------------------------------------------------------- LM1B
 
 
@@ -282,6 +325,12 @@ def test_lm1b_tfds_builder_runs_without_tensorflow(tmp_path):
   test = ['a held out line .', 'another one !']
   _statmt_tree(tmp_path / 'raw', train, test)
   lm1b.build_lm1b(str(tmp_path / 'tfds'), extracted_dir=str(tmp_path / 'raw'))
+  import tensorflow_datasets as tfds
+
+  # TFDS's own lm1b builder stays the registered one.
+  assert tfds.builder_cls('lm1b') is not lm1b.builder_class()
+  with pytest.raises(pretrained.DataUnavailableError, match='r13output'):
+    lm1b.build_lm1b(str(tmp_path / 'tfds2'), extracted_dir=str(tmp_path))
   docs = lm1b.lm1b_documents('train', str(tmp_path / 'tfds'))
   assert sorted(docs.get_many(range(len(docs)))) == sorted(train)
   val = lm1b.lm1b_documents('validation', str(tmp_path / 'tfds'), True)
@@ -377,7 +426,7 @@ def test_paper_config_documents_its_recipe(name):
 @pytest.mark.parametrize('name', PAPER_CONFIGS)
 def test_paper_smoke_presets_build_data_and_model(name, tmp_path):
   c = _config(name, cache_dir=str(tmp_path / 'cache'))
-  assert c.data.data_dir.startswith(str(recipes.FIXTURES))
+  assert c.data.data_dir.startswith(str(FIXTURES))
   data = builders.prepare_data(c.data, str(tmp_path / 'run'))
   batch = next(builders.train_batches(c.data, data, c.seed))
   assert batch['tokens'].shape == (c.data.batch_size, c.data.seq_len)
@@ -389,7 +438,7 @@ def test_paper_smoke_presets_build_data_and_model(name, tmp_path):
   assert len(ev) >= c.eval.final_num_batches
   process = builders.build_process(c.process, data.tokenizer.vocab_size)
   builders.model_config(c.model, process)
-  reloaded = sources.load_saved_tokenizer(tmp_path / 'run' / 'tokenizer')
+  reloaded = tokenizers.load_tokenizer(tmp_path / 'run' / 'tokenizer')
   assert reloaded == data.tokenizer
   if c.data.corpus == 'text8':
     assert data.tokenizer.vocab_size == 27

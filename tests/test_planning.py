@@ -16,6 +16,7 @@ from ddlm_jax.planning import conditional, layout, pipelines, trainer
 from ddlm_jax.planning import models as pm
 from ddlm_jax.sampling.registry import get_sampler
 from experiments.configs import planner_executor as pe_config
+from experiments.configs.common import override
 
 P = 10  # fits level-5 plans
 TINY = ml_collections.ConfigDict(dict(width=16, depth=1, num_heads=2))
@@ -155,10 +156,7 @@ def test_every_pipeline_is_deterministic_given_a_key(tiny):
 def _smoke(pipeline: str, models_dir: str, **overrides):
   config = pe_config.get_config(f'{pipeline},smoke')
   config.models_dir = models_dir
-  for k, v in overrides.items():
-    block, key = k.split('.')
-    config[block][key] = v
-  return config
+  return override(config, overrides)
 
 
 @pytest.fixture(scope='module')

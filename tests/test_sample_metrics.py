@@ -162,10 +162,9 @@ def test_transformer_flops_match_xla_cost_analysis():
   assert cost.sampling_flops([3, 2], [10.0, 1.0]) == 32.0
 
 
-def test_load_run_samples_and_scores_with_an_ar_scorer(tmp_path):
+def test_load_run_samples_and_scores_with_an_ar_scorer(tmp_path, capsys):
   from ddlm_jax.evaluation.sample_run import sample_and_score
-  from ddlm_jax.training.loop import Run
-  from ddlm_jax.training.restore import load_run
+  from ddlm_jax.training.run import Run, load_run
   from experiments.configs import quickstart
 
   text = tmp_path / 'text.txt'
@@ -201,3 +200,10 @@ def test_load_run_samples_and_scores_with_an_ar_scorer(tmp_path):
   run.write_samples(texts, stats)
   saved = json.loads((tmp_path / 'mdlm' / 'sample_stats.json').read_text())
   assert saved['gen_ppl_corpus'] == stats['gen_ppl_corpus']
+  # A request larger than sample.batch_size runs as several calls of one
+  # compiled sampler, with a progress line per call.
+  run.config.sample.num_samples, run.config.sample.batch_size = 5, 2
+  texts, stats = sample_and_score(run, scorer=scorer)
+  assert len(texts) == 5 and stats['num_samples'] == 5
+  assert len(stats['nfe_calls']) == 3
+  assert 'sampling: batch 3/3' in capsys.readouterr().out

@@ -14,6 +14,7 @@ import pytest
 
 from ddlm_jax.diffusion import MaskedDiffusion, get_schedule
 from ddlm_jax.sampling import grid as grid_lib
+from ddlm_jax.sampling import sweep as sampler_sweep
 from ddlm_jax.sampling.common import alpha_inverse, select_top
 from ddlm_jax.sampling.registry import (
   SAMPLERS,
@@ -223,3 +224,38 @@ def test_registry_errors_and_specs():
     'margin',
     0.8,
   )
+
+
+def test_semi_ar_inner_sampler_errors():
+  """semi_ar builds its inner sampler without the registry, same errors."""
+  with pytest.raises(ValueError, match='unknown sampler'):
+    get_sampler('semi_ar', inner='nope')
+  with pytest.raises(ValueError, match='does not take'):
+    get_sampler('semi_ar', inner='eb', inner_params={'num_steps': 3})
+  with pytest.raises(ValueError, match='cannot nest'):
+    get_sampler('semi_ar', inner='semi_ar')
+  with pytest.raises(ValueError, match='needs one network'):
+    get_sampler('semi_ar', inner='scheduled')
+  sampler = get_sampler('semi_ar', inner='eb', inner_params={'gamma': 0.5})
+  assert sampler.inner_sampler == get_sampler('eb', gamma=0.5)
+
+
+def test_sweep_expands_open_parameters():
+  entries = sampler_sweep.expand_specs(
+    ['ancestral', ' eb', 'eb:gamma=1', 'semi_ar:block_length=8', ''],
+    steps=[16, 32],
+    gammas=[0.0, 0.5],
+    length=32,
+  )
+  sampler_sweep.label_entries(entries)
+  assert [e['label'] for e in entries] == [
+    'ancestral num_steps=16',
+    'ancestral num_steps=32',
+    'eb gamma=0.0',
+    'eb gamma=0.5',
+    'eb gamma=1',
+    "semi_ar block_length=8 inner_params={'num_steps': 4}",
+    "semi_ar block_length=8 inner_params={'num_steps': 8}",
+  ]
+  for e in entries:
+    get_sampler(e['name'], **e['params'])

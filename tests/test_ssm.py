@@ -18,9 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_
 
 from ddlm_jax.data import state_tracking as st
+from ddlm_jax.models import hardmax, ssm
 from ddlm_jax.models import sequence_classifier as sc
-from ddlm_jax.models import ssm
-from ddlm_jax.parallel.rules import DEFAULT_RULES
+from ddlm_jax.parallel.rules import (
+  DEFAULT_RULES,
+  logical_names,
+  logical_to_spec,
+)
 
 
 # Test inputs come from numpy: jax.random would compile threefry per shape.
@@ -103,11 +107,11 @@ def _dense_scan(a_BxLxNxN, b_BxLxN, h0_BxN, reverse=False):
 def test_column_onehot_st_forward_and_gradient():
   m = _randn(0, 3, 5, 5)
   w = _randn(1, 3, 5, 5)
-  p = ssm.column_onehot_st(m, 0.7)
+  p = hardmax.column_onehot_st(m, 0.7)
   np.testing.assert_array_equal(p.sum(-2), 1.0)
   np.testing.assert_array_equal(np.argmax(p, -2), np.argmax(np.asarray(m), -2))
   assert set(np.unique(p).tolist()) == {0.0, 1.0}
-  g_st = jax.grad(lambda x: jnp.sum(w * ssm.column_onehot_st(x, 0.7)))(m)
+  g_st = jax.grad(lambda x: jnp.sum(w * hardmax.column_onehot_st(x, 0.7)))(m)
   g_soft = jax.grad(lambda x: jnp.sum(w * jax.nn.softmax(x / 0.7, axis=-2)))(m)
   np.testing.assert_allclose(g_st, g_soft, rtol=1e-6, atol=1e-7)
   assert np.abs(g_st).max() > 1e-3  # not trivially zero
@@ -124,12 +128,12 @@ def test_pd_scan_st_gradient_matches_dense_straight_through(reverse, impl):
   w = _rand_complex(6, (B, L, N))
 
   def loss_layer(m, d, b, h0):
-    soft = ssm.column_softmax(m, 0.5)
+    soft = hardmax.column_softmax(m, 0.5)
     h, hl = ssm.pd_scan_st(soft, d, b, h0, reverse, impl)
     return jnp.sum(jnp.real(w * h)) + jnp.sum(jnp.imag(hl))
 
   def loss_dense(m, d, b, h0):
-    a = ssm.column_onehot_st(m, 0.5) * d[..., None, :]
+    a = hardmax.column_onehot_st(m, 0.5) * d[..., None, :]
     h = _dense_scan(a, b, h0, reverse)
     hl = h[:, 0] if reverse else h[:, -1]
     return jnp.sum(jnp.real(w * h)) + jnp.sum(jnp.imag(hl))
@@ -377,11 +381,12 @@ def test_params_carry_logical_axis_names(mixer):
     assert len(names) == var[...].ndim, path
     # Every name has a sharding rule (the transformer mixer adds its own).
     assert set(names) - {None} <= set(DEFAULT_RULES), path
-  rules = [(n, None) for n in ssm.LOGICAL_AXES if n != 'embed']
-  with nnx.logical_axis_rules([('embed', 'data'), *rules]):
-    specs = nnx.get_partition_spec(params)
-  spec = specs['embed']['embedding'].get_value()
-  assert tuple(spec) == (None, 'data')  # ('vocab', 'embed') -> (None, data)
+  # The names map to mesh axes through ddlm_jax.parallel.rules, as in
+  # training: ('vocab', 'embed') -> ('tensor', 'fsdp') under DEFAULT_RULES.
+  mesh = jax.make_mesh((1, 1, 1), ('data', 'fsdp', 'tensor'))
+  table = params['embed']['embedding']
+  spec = logical_to_spec(logical_names(table), table.shape, mesh)
+  assert tuple(spec) == ('tensor', 'fsdp')
 
 
 def test_classifier_reads_last_real_token():

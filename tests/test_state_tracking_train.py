@@ -68,7 +68,7 @@ def test_smoke_training_each_model(model, task, tmp_path):
     # breakdown) rebuilds it exactly.
     del summary['test_accuracy_by_length']
     metrics.write_json(str(tmp_path / 'summary.json'), summary)
-    again = classification.rescore_by_length(str(tmp_path))
+    again = sweep.rescore_by_length(str(tmp_path))
     assert again['test_accuracy_by_length'] == rows
 
 
@@ -215,7 +215,7 @@ def test_transformer_mixer_registers_and_runs():
   tokens = jnp.array([[1, 2, 3, 4, 0, 0], [4, 3, 2, 1, 2, 3]], jnp.int32)
   lengths = jnp.array([4, 6])
   apply = jax.jit(
-    lambda m, t, n: m(t, n), compiler_options=classification._FAST_COMPILE
+    lambda m, t, n: m(t, n), compiler_options=classification.FAST_COMPILE
   )
   logits = apply(model, tokens, lengths)
   assert logits.shape == (2, 3) and np.isfinite(np.asarray(logits)).all()

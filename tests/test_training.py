@@ -255,3 +255,15 @@ def test_cli_rejects_a_typo_in_an_override(tmp_path):
 
 def test_jax_sees_fake_devices():
   assert jax.device_count() == 8
+
+
+def test_cli_refuses_a_mode_the_config_cannot_run_in_one_line(tmp_path):
+  out = _cli(
+    '--config=experiments/configs/state_tracking.py:pdssm,parity,smoke',
+    f'--workdir={tmp_path / "st"}',
+    '--mode=sample',
+  )
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert 'state_tracking configs run --mode=train|eval' in out.stderr
+  assert 'Traceback' not in out.stderr
+  assert not (tmp_path / 'st').exists()

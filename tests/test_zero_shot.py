@@ -16,8 +16,9 @@ from ddlm_jax.data import zero_shot as zs_data
 from ddlm_jax.evaluation import zero_shot
 from ddlm_jax.evaluation.likelihood import evaluate_likelihood
 from ddlm_jax.training import loop
-from experiments import recipes
+from ddlm_jax.training import run as run_lib
 from experiments.configs import mdlm_owt
+from experiments.configs.common import FIXTURES
 
 PTB_LINE = "the company 's N shares do n't pay $ N <unk> a\\/b"
 WIKI_LINES = [
@@ -112,11 +113,9 @@ def test_load_zero_shot_from_local_copies(stand_ins, monkeypatch):
   assert raw[0] == PTB_LINE
   wiki = zs_data.load_zero_shot('wikitext2', data_dir=stand_ins)
   assert wiki[1] == detokenizers.wikitext(WIKI_LINES[1])
-  lm1b = zs_data.load_zero_shot(
-    'lm1b', tfds_data_dir=str(recipes.FIXTURES / 'lm1b')
-  )
+  lm1b = zs_data.load_zero_shot('lm1b', tfds_data_dir=str(FIXTURES / 'lm1b'))
   raw_lm1b = zs_data.load_zero_shot(
-    'lm1b', tfds_data_dir=str(recipes.FIXTURES / 'lm1b'), detokenize=False
+    'lm1b', tfds_data_dir=str(FIXTURES / 'lm1b'), detokenize=False
   )
   assert len(lm1b) == len(raw_lm1b) == 200
   assert lm1b.get_many(range(5)) == [
@@ -196,7 +195,7 @@ def test_zero_shot_score_equals_the_likelihood_evaluator(owt_run, stand_ins):
   from ddlm_jax.data import sources
 
   workdir, _ = owt_run
-  config = zero_shot.load_run_config(workdir)
+  config = run_lib.load_config(workdir)
   config.mesh.shape = (1, 1, 1)
   run = loop.Run(config, workdir)
   assert run.restore() == 6
@@ -227,6 +226,6 @@ def test_zero_shot_score_equals_the_likelihood_evaluator(owt_run, stand_ins):
 
 def test_unknown_dataset_fails_before_restoring(tmp_path):
   with pytest.raises(ValueError, match='Unknown zero-shot'):
-    zero_shot.evaluate_run(str(tmp_path), ['ptb', 'mnist'])
+    loop.evaluate_zero_shot(str(tmp_path), ['ptb', 'mnist'])
   with pytest.raises(FileNotFoundError, match='config.json'):
-    zero_shot.evaluate_run(str(tmp_path), ['ptb'])
+    loop.evaluate_zero_shot(str(tmp_path), ['ptb'])

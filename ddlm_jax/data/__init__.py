@@ -2,9 +2,11 @@
 
 ``corpus`` gives train/validation/test texts (Shakespeare split by whole
 play, or the user's own files), ``tokenizers`` turns text into int32 ids
-(char, byte, byte-level BPE; saved as JSON in the run directory) and
-``pipeline`` turns ids into checkpointable training batches and deterministic
-evaluation batches. Importing this package reads no files.
+(char, byte, HF BPE/WordPiece, text8; saved as JSON in the run directory,
+and ``load_tokenizer`` reloads any kind) and ``pipeline`` turns ids into
+checkpointable training batches and deterministic evaluation batches. The
+dataset sources (text8, LM1B, OpenWebText) are ``source_registry``'s.
+Importing this package reads no files.
 """
 
 from ddlm_jax.data.corpus import (

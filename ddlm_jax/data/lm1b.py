@@ -12,10 +12,13 @@ Preparation (once, ~4 GB download):
 * with TensorFlow installed: ``tfds build lm1b --file_format=array_record
   --data_dir=DIR``;
 * without TensorFlow: ``python -m ddlm_jax.data.lm1b --data_dir=DIR``. The
-  TFDS ``lm1b`` builder needs TensorFlow only for one ``tf.io.gfile.glob``
-  (tensorflow-datasets 4.9.10); ``build_lm1b`` runs the same builder with that
-  glob replaced by a plain one, producing the same ArrayRecord files. It also
-  needs the small ``importlib_resources`` package.
+  TFDS ``lm1b`` builder needs TensorFlow only for the ``tf.io.gfile.glob`` of
+  its ``_split_generators`` (tensorflow-datasets 4.9.10); ``build_lm1b`` runs
+  a subclass of it (unregistered, same name, version, metadata and
+  checksums) whose ``_split_generators`` globs with Python, producing the
+  same ArrayRecord files. An already extracted archive is given to TFDS as
+  its ``manual_dir``. It also needs the small ``importlib_resources``
+  package.
 
 Tokenizer: ``bert-base-uncased`` (``config.data.hf_tokenizer``), whose
 ``[CLS]``/``[SEP]``/``[PAD]`` serve as BOS/EOS/PAD. Variants
@@ -34,19 +37,18 @@ MDLM applies its LM1B detokenizer before tokenizing (``config.data.detokenize
 from __future__ import annotations
 
 import argparse
-import contextlib
-import glob as glob_lib
+import functools
+import glob
 import os
-from unittest import mock
 
 from ddlm_jax.data import detokenizers
 from ddlm_jax.data import tokenizers as tok_lib
 from ddlm_jax.data.pretrained import (
   TEST_TOKENIZERS,
   DataUnavailableError,
-  HFTokenizer,
   build_test_tokenizer,
   load_hf_tokenizer,
+  subword_tokenizer,
 )
 from ddlm_jax.data.sources import (
   PACKINGS,
@@ -59,12 +61,22 @@ from ddlm_jax.data.sources import (
   document_stream,
   framing_ids,
   stream_dtype,
-  tokenizer_fingerprint,
 )
+from ddlm_jax.data.tokenizers import tokenizer_fingerprint
 
 TFDS_NAME = 'lm1b'
 TFDS_SPLITS = {'train': 'train', 'validation': 'test', 'test': 'test'}
 DEFAULT_TOKENIZER = 'bert-base-uncased'
+# The statmt archive: its top folder and the raw files of each TFDS split.
+ARCHIVE_URL = (
+  'http://www.statmt.org/lm-benchmark/'
+  '1-billion-word-language-modeling-benchmark-r13output.tar.gz'
+)
+ARCHIVE_TOP = '1-billion-word-language-modeling-benchmark-r13output'
+RAW_FILES = {
+  'train': ('training-monolingual.tokenized.shuffled', 'news.en-*'),
+  'test': ('heldout-monolingual.tokenized.shuffled', 'news.en.heldout-*'),
+}
 _TEST_TOKENIZER_DOCS = 20_000
 
 
@@ -114,7 +126,7 @@ def lm1b_documents(split: str, data_dir: str = '', detokenize: bool = False):
 
 def _tokenizer(cfg, tokenizer):
   if tokenizer is not None:
-    return HFTokenizer.wrap(tokenizer)
+    return subword_tokenizer(tokenizer, 'LM1B')
   name = cfg.hf_tokenizer or DEFAULT_TOKENIZER
   if name in TEST_TOKENIZERS:
     docs = lm1b_documents('train', cfg.data_dir, cfg.detokenize)
@@ -173,6 +185,55 @@ def lm1b_source(cfg, tokenizer: tok_lib.Tokenizer | None = None) -> Source:
   )
 
 
+@functools.cache
+def builder_class():
+  """TFDS's ``lm1b`` builder, globbing without TensorFlow (module doc).
+
+  Defined on first use (importing TFDS takes seconds) and not registered,
+  so ``tfds.builder('lm1b')`` stays TFDS's own; both read and write the
+  same ``DIR/lm1b/1.1.0``.
+  """
+  import tensorflow_datasets as tfds
+
+  base = tfds.builder_cls(TFDS_NAME)
+
+  class Lm1bWithoutTF(base, skip_registration=True):
+    name = TFDS_NAME
+    # Metadata and download checksums live beside TFDS's own builder.
+    code_path = base.code_path
+    pkg_dir_path = base.code_path.parent
+    MANUAL_DOWNLOAD_INSTRUCTIONS = (
+      f'Extract {ARCHIVE_URL} here (the folder {ARCHIVE_TOP}/), or leave '
+      'this folder empty to download it.'
+    )
+
+    def _split_generators(self, dl_manager):
+      root = _extracted_archive(dl_manager)
+      return [
+        tfds.core.SplitGenerator(
+          name=split,
+          gen_kwargs={'files': sorted(glob.glob(os.path.join(root, *parts)))},
+        )
+        for split, parts in (
+          (tfds.Split.TRAIN, (ARCHIVE_TOP, *RAW_FILES['train'])),
+          (tfds.Split.TEST, (ARCHIVE_TOP, *RAW_FILES['test'])),
+        )
+      ]
+
+  return Lm1bWithoutTF
+
+
+def _extracted_archive(dl_manager) -> str:
+  """The folder holding ``ARCHIVE_TOP``: the manual_dir, else downloaded."""
+  try:
+    manual = dl_manager.manual_dir
+  except AssertionError:  # TFDS: no manual_dir, or an empty one.
+    manual = None
+  if manual is not None and os.path.isdir(os.path.join(manual, ARCHIVE_TOP)):
+    return str(manual)
+  return str(dl_manager.download_and_extract(ARCHIVE_URL))
+
+
 def build_lm1b(data_dir: str, extracted_dir: str | None = None) -> str:
   """Prepares TFDS ``lm1b`` as ArrayRecord without TensorFlow.
 
@@ -186,30 +247,20 @@ def build_lm1b(data_dir: str, extracted_dir: str | None = None) -> str:
     The prepared dataset folder.
   """
   import tensorflow_datasets as tfds
-  from tensorflow_datasets.datasets.lm1b import lm1b_dataset_builder as impl
 
-  class _GlobOnly:
-    class io:  # noqa: N801 - mirrors tf.io.gfile.glob.
-      class gfile:  # noqa: N801
-        glob = staticmethod(glob_lib.glob)
-
-  with contextlib.ExitStack() as stack:
-    stack.enter_context(mock.patch.object(impl, 'tf', _GlobOnly))
-    if extracted_dir is not None:
-      folder = os.path.expanduser(extracted_dir)
-      stack.enter_context(
-        mock.patch.object(
-          tfds.download.DownloadManager,
-          'download_and_extract',
-          lambda self, url: folder,
-        )
+  config = None
+  if extracted_dir is not None:
+    folder = os.path.expanduser(extracted_dir)
+    if not os.path.isdir(os.path.join(folder, ARCHIVE_TOP)):
+      raise DataUnavailableError(
+        f'{folder} does not hold the extracted statmt archive (no '
+        f'{ARCHIVE_TOP}/ folder in it); extract {ARCHIVE_URL} there.'
       )
-    builder = tfds.builder(
-      TFDS_NAME,
-      data_dir=os.path.expanduser(data_dir),
-      file_format='array_record',
-    )
-    builder.download_and_prepare()
+    config = tfds.download.DownloadConfig(manual_dir=folder)
+  builder = builder_class()(
+    data_dir=os.path.expanduser(data_dir), file_format='array_record'
+  )
+  builder.download_and_prepare(download_config=config)
   return str(builder.data_dir)
 
 
@@ -235,6 +286,7 @@ __all__ = [
   'DEFAULT_TOKENIZER',
   'TFDS_SPLITS',
   'build_lm1b',
+  'builder_class',
   'lm1b_documents',
   'lm1b_records',
   'lm1b_source',

@@ -41,9 +41,9 @@ from ddlm_jax.data import tokenizers as tok_lib
 from ddlm_jax.data.pretrained import (
   TEST_TOKENIZERS,
   DataUnavailableError,
-  HFTokenizer,
   build_test_tokenizer,
   load_hf_tokenizer,
+  subword_tokenizer,
 )
 from ddlm_jax.data.sources import (
   PackedSplit,
@@ -54,8 +54,8 @@ from ddlm_jax.data.sources import (
   document_stream,
   framing_ids,
   stream_dtype,
-  tokenizer_fingerprint,
 )
+from ddlm_jax.data.tokenizers import tokenizer_fingerprint
 
 DEFAULT_TOKENIZER = 'gpt2'
 NUM_DOCUMENTS = 8_013_769
@@ -106,7 +106,7 @@ def owt_records(cfg):
 
 def _tokenizer(cfg, tokenizer, records):
   if tokenizer is not None:
-    return HFTokenizer.wrap(tokenizer)
+    return subword_tokenizer(tokenizer, 'OpenWebText')
   name = cfg.hf_tokenizer or DEFAULT_TOKENIZER
   if name in TEST_TOKENIZERS:
     docs = TextColumn(records(), 'text')
@@ -161,13 +161,13 @@ def openwebtext_source(
     meta = {
       'dataset': 'openwebtext',
       'num_documents_total': len(recs),
-      'documents': [docs._start, docs._stop],
+      'documents': [docs.start, docs.stop],
       'tokenizer': fingerprint,
       'eos': specials.eos,
     }
     return cached_stream(
       cache_dir,
-      f'openwebtext-{tag}-{docs._start}-{docs._stop}-{fingerprint}',
+      f'openwebtext-{tag}-{docs.start}-{docs.stop}-{fingerprint}',
       meta,
       lambda: document_stream(
         docs, tok, specials.eos, label=f'openwebtext {tag}'

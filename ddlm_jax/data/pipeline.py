@@ -14,6 +14,14 @@ and cuts it into non-overlapping windows of ``seq_len`` tokens. Each epoch
 4. batches them (``batch_size`` is the per-process batch; the remainder of an
    epoch is dropped).
 
+A stream is a ``PackedSplit``: the ids (any integer dtype, e.g. a
+memory-mapped uint16 cache) plus optional framing tokens (BOS first and/or
+EOS last in every row, each window then holding ``seq_len - framing`` stream
+tokens) and optionally a fixed set of grid windows (``window_ids``; the
+offset is then always 0). A plain 1-D array is a ``PackedSplit`` without
+framing. The corpus loaders and ``ddlm_jax.data.sources`` both use this one
+implementation.
+
 The pipeline is a grain ``MapDataset`` (index -> batch, pure function of the
 index), so its iterator state is just the next batch index: ``get_state()``
 returns ``{'next_index': int}`` (JSON-serialisable) and ``set_state`` resumes
@@ -28,6 +36,7 @@ the validation tokens).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import grain
@@ -43,7 +52,8 @@ def _as_tokens(tokens: Any, what: str) -> np.ndarray:
   return arr.astype(np.int32, copy=False)
 
 
-def _check_positive(**values: int) -> None:
+def check_positive(**values: int) -> None:
+  """Raises ValueError naming the first value that is not an integer >= 1."""
   for name, value in values.items():
     if int(value) != value or value < 1:
       raise ValueError(f'{name} must be a positive integer, got {value!r}.')
@@ -83,33 +93,139 @@ def _shuffle_seed(seed: int) -> int:
   return int(np.random.SeedSequence([seed, 0x5EED]).generate_state(1)[0])
 
 
+def epoch_batches(
+  num_items: int,
+  *,
+  batch_size: int,
+  seed: int,
+  shard_index: int,
+  shard_count: int,
+  what: str,
+) -> tuple[grain.MapDataset, int]:
+  """Endless batches of item ids: steps 2-4 of the module docstring.
+
+  Shared by packed windows and padded documents, so both shuffle, shard and
+  drop remainders alike.
+
+  Args:
+    num_items: windows (or documents) per epoch.
+    batch_size: items per batch on this process.
+    seed: the run's seed, the same on every process.
+    shard_index: this process's index.
+    shard_count: number of processes.
+    what: the items, for the too-few-items error ('The train split ...').
+
+  Returns:
+    (MapDataset of int64 [batch_size] item ids, batches per epoch).
+  """
+  check_positive(batch_size=batch_size, shard_count=shard_count)
+  if not 0 <= shard_index < shard_count:
+    raise ValueError(
+      f'shard_index must be in [0, {shard_count}), got {shard_index}.'
+    )
+  if not 0 <= seed < 2**63:
+    raise ValueError(f'seed must be a non-negative integer, got {seed}.')
+  batches_per_epoch = num_items // (shard_count * batch_size)
+  if batches_per_epoch == 0:
+    raise ValueError(
+      f'{what}, fewer than batch_size {batch_size} x {shard_count} '
+      'process(es); lower the batch size or seq_len, or add data.'
+    )
+  per_shard = batches_per_epoch * batch_size
+  ds = grain.MapDataset.range(num_items).shuffle(seed=_shuffle_seed(seed))
+  ds = ds[: per_shard * shard_count][shard_index::shard_count]
+  ds = ds.batch(batch_size, drop_remainder=True).repeat(None)
+  return ds, batches_per_epoch
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedSplit:
+  """A token stream cut into windows (see module docstring).
+
+  Attributes:
+    tokens: 1-D integer ids (numpy array or ``np.memmap``, any int dtype).
+    bos: id put first in every window, or None.
+    eos: id put last in every window, or None.
+    window_ids: None for the sliding grid; else the grid windows (of
+      ``seq_len - framing`` stream tokens) that form this split.
+    grid_len: the ``seq_len`` that ``window_ids`` were drawn for.
+  """
+
+  tokens: Any
+  bos: int | None = None
+  eos: int | None = None
+  window_ids: np.ndarray | None = None
+  grid_len: int | None = None
+
+  @property
+  def framing(self) -> int:
+    return int(self.bos is not None) + int(self.eos is not None)
+
+  def inner_len(self, seq_len: int) -> int:
+    if self.grid_len is not None and seq_len != self.grid_len:
+      raise ValueError(
+        f'This split is a fixed set of rows of length {self.grid_len}; '
+        f'seq_len {seq_len} differs. Rebuild the source with this seq_len.'
+      )
+    inner = seq_len - self.framing
+    if inner < 1:
+      raise ValueError(
+        f'seq_len {seq_len} leaves no room for data beside {self.framing} '
+        'framing token(s); use a longer --config.data.seq_len.'
+      )
+    return inner
+
+  def num_windows(self, seq_len: int) -> int:
+    inner = self.inner_len(seq_len)
+    if self.window_ids is not None:
+      return len(self.window_ids)
+    return int(self.tokens.shape[0]) // inner
+
+  def frame(self, body_BxI: np.ndarray) -> np.ndarray:
+    """Adds the BOS/EOS columns: int32 [B, I] -> int32 [B, I + framing]."""
+    cols = []
+    n = body_BxI.shape[0]
+    if self.bos is not None:
+      cols.append(np.full((n, 1), self.bos, np.int32))
+    cols.append(body_BxI.astype(np.int32, copy=False))
+    if self.eos is not None:
+      cols.append(np.full((n, 1), self.eos, np.int32))
+    return np.concatenate(cols, axis=1) if len(cols) > 1 else cols[0]
+
+  def gather(self, starts_B: np.ndarray, inner: int) -> np.ndarray:
+    idx_BxI = np.asarray(starts_B, np.int64)[:, None] + np.arange(inner)
+    return self.frame(np.asarray(self.tokens[idx_BxI], np.int32))
+
+
+def as_split(stream: Any, what: str = 'train') -> PackedSplit:
+  """A ``PackedSplit`` as is; a 1-D integer array as an unframed one."""
+  if isinstance(stream, PackedSplit):
+    return stream
+  return PackedSplit(_as_tokens(stream, what))
+
+
 class _GatherWindows:
   """Batch index + window ids -> {'tokens': int32[B, L]} (picklable)."""
 
-  def __init__(
-    self,
-    tokens: np.ndarray,
-    seq_len: int,
-    seed: int,
-    batches_per_epoch: int,
-    max_offset: int,
-  ):
-    self._tokens = tokens
-    self._seq_len = seq_len
+  def __init__(self, split, inner, seed, batches_per_epoch, max_offset):
+    self._split = split
+    self._inner = inner
     self._seed = seed
     self._batches_per_epoch = batches_per_epoch
     self._max_offset = max_offset
 
-  def __call__(self, index: int, window_ids: np.ndarray) -> dict[str, Any]:
+  def __call__(self, index: int, windows_B: np.ndarray) -> dict[str, Any]:
     epoch = index // self._batches_per_epoch
     offset = _epoch_offset(self._seed, epoch, self._max_offset)
-    starts_B = offset + np.asarray(window_ids, np.int64) * self._seq_len
-    idx_BxL = starts_B[:, None] + np.arange(self._seq_len)[None, :]
-    return {'tokens': self._tokens[idx_BxL]}
+    windows_B = np.asarray(windows_B, np.int64)
+    if self._split.window_ids is not None:
+      windows_B = np.asarray(self._split.window_ids, np.int64)[windows_B]
+    starts_B = offset + windows_B * self._inner
+    return {'tokens': self._split.gather(starts_B, self._inner)}
 
 
 def train_dataset(
-  tokens: Any,
+  stream: Any,
   *,
   seq_len: int,
   batch_size: int,
@@ -118,32 +234,33 @@ def train_dataset(
   shard_count: int = 1,
   random_offset: bool = True,
 ) -> grain.MapDataset:
-  """The endless grain MapDataset behind ``train_iterator`` (module doc)."""
-  tokens = _as_tokens(tokens, 'train')
-  _check_positive(
-    seq_len=seq_len, batch_size=batch_size, shard_count=shard_count
+  """The endless grain MapDataset behind ``train_iterator`` (module doc).
+
+  ``stream`` is a ``PackedSplit`` or a 1-D integer array; batches are
+  ``{'tokens': int32[batch_size, seq_len]}`` whatever the stored dtype.
+  """
+  split = as_split(stream)
+  check_positive(seq_len=seq_len)
+  inner = split.inner_len(seq_len)
+  num_tokens = int(split.tokens.shape[0])
+  if split.window_ids is None:
+    num_windows, max_offset = window_layout(num_tokens, inner)
+  else:
+    num_windows, max_offset = len(split.window_ids), 0
+  ds, batches_per_epoch = epoch_batches(
+    num_windows,
+    batch_size=batch_size,
+    seed=seed,
+    shard_index=shard_index,
+    shard_count=shard_count,
+    what=(
+      f'The train split ({num_tokens} tokens) makes only {num_windows} '
+      f'windows of seq_len {seq_len}'
+    ),
   )
-  if not 0 <= shard_index < shard_count:
-    raise ValueError(
-      f'shard_index must be in [0, {shard_count}), got {shard_index}.'
-    )
-  if not 0 <= seed < 2**63:
-    raise ValueError(f'seed must be a non-negative integer, got {seed}.')
-  num_windows, max_offset = window_layout(tokens.size, seq_len)
-  batches_per_epoch = num_windows // (shard_count * batch_size)
-  if batches_per_epoch == 0:
-    raise ValueError(
-      f'The train split ({tokens.size} tokens) makes only {num_windows} '
-      f'windows of seq_len {seq_len}, fewer than batch_size {batch_size} x '
-      f'{shard_count} process(es); lower the batch size or seq_len.'
-    )
-  per_shard = batches_per_epoch * batch_size
-  ds = grain.MapDataset.range(num_windows).shuffle(seed=_shuffle_seed(seed))
-  ds = ds[: per_shard * shard_count][shard_index::shard_count]
-  ds = ds.batch(batch_size, drop_remainder=True).repeat(None)
   gather = _GatherWindows(
-    tokens,
-    seq_len,
+    split,
+    inner,
     seed,
     batches_per_epoch,
     max_offset if random_offset else 0,
@@ -166,7 +283,7 @@ def train_iterator(
   """Endless iterator of ``{'tokens': int32[batch_size, seq_len]}`` batches.
 
   Args:
-    tokens: the train split's 1-D token ids.
+    tokens: the train split's 1-D token ids, or a ``PackedSplit``.
     seq_len: tokens per example.
     batch_size: examples per batch on this process.
     seed: shuffle/offset seed; same seed on every process.
@@ -206,6 +323,56 @@ def to_iterator(
   return iter(ds.to_iter_dataset(options))
 
 
+def eval_groups(
+  n: int,
+  batch_size: int,
+  max_batches: int | None,
+  drop_partial: bool,
+  what: str,
+) -> list[range]:
+  """Item ids of each evaluation batch: ``range(n)`` in order, in groups.
+
+  Shared by packed windows and padded documents.
+  """
+  check_positive(batch_size=batch_size)
+  if max_batches is not None:
+    check_positive(max_batches=max_batches)
+  full = n // batch_size
+  groups = [range(b * batch_size, (b + 1) * batch_size) for b in range(full)]
+  if not drop_partial and n % batch_size:
+    groups.append(range(full * batch_size, n))
+  if not groups:
+    raise ValueError(
+      f'{what} makes only {n} sequence(s), fewer than batch_size '
+      f'{batch_size}; lower the eval batch size or seq_len.'
+    )
+  return groups if max_batches is None else groups[:max_batches]
+
+
+def packed_eval_batches(
+  split: PackedSplit,
+  *,
+  seq_len: int,
+  batch_size: int,
+  max_batches: int | None = None,
+  drop_partial: bool = True,
+  split_name: str = 'evaluation',
+) -> list[dict[str, np.ndarray]]:
+  """Windows in order (offset 0), framed, grouped into batches."""
+  inner = split.inner_len(seq_len)
+  n = split.num_windows(seq_len)
+  ids = (
+    np.arange(n) if split.window_ids is None else np.asarray(split.window_ids)
+  )
+  groups = eval_groups(
+    n, batch_size, max_batches, drop_partial, f'The {split_name} split'
+  )
+  return [
+    {'tokens': split.gather(ids[np.asarray(g)].astype(np.int64) * inner, inner)}
+    for g in groups
+  ]
+
+
 def eval_batches(
   tokens: Any,
   *,
@@ -217,7 +384,8 @@ def eval_batches(
   """Deterministic evaluation batches: in-order windows, int32[B, L] each.
 
   Windows ``tokens[w*seq_len : (w+1)*seq_len]`` for w = 0, 1, ... are grouped
-  into full batches; leftover tokens and a final partial batch are dropped.
+  into full batches; leftover tokens and a final partial batch are dropped
+  (``packed_eval_batches`` of an unframed split).
 
   Args:
     tokens: an evaluation split's 1-D token ids.
@@ -229,21 +397,14 @@ def eval_batches(
   Raises:
     ValueError: fewer tokens than one window, or than one full batch.
   """
-  tokens = _as_tokens(tokens, 'eval')
-  _check_positive(seq_len=seq_len, batch_size=batch_size)
-  if max_batches is not None:
-    _check_positive(max_batches=max_batches)
-  _check_fits(tokens.size, seq_len, split_name)
-  num_windows = tokens.size // seq_len
-  num_batches = num_windows // batch_size
-  if num_batches == 0:
-    raise ValueError(
-      f'The {split_name} split ({tokens.size} tokens) makes only {num_windows} '
-      f'windows of seq_len {seq_len}, fewer than batch_size {batch_size}; '
-      'lower the eval batch size or seq_len.'
-    )
-  if max_batches is not None:
-    num_batches = min(num_batches, max_batches)
-  used_T = tokens[: num_batches * batch_size * seq_len]
-  windows_NxBxL = used_T.reshape(num_batches, batch_size, seq_len)
-  return [np.array(b_BxL) for b_BxL in windows_NxBxL]
+  split = as_split(tokens, 'eval')
+  check_positive(seq_len=seq_len, batch_size=batch_size)
+  _check_fits(split.tokens.size, seq_len, split_name)
+  batches = packed_eval_batches(
+    split,
+    seq_len=seq_len,
+    batch_size=batch_size,
+    max_batches=max_batches,
+    split_name=split_name,
+  )
+  return [b['tokens'] for b in batches]

@@ -19,86 +19,46 @@ GPT-2 (byte-level BPE with ``<|endoftext|>``). THEY EXIST FOR OFFLINE TESTS
 AND SMOKE PRESETS ONLY: numbers measured with them are not comparable to any
 paper.
 
-Every tokenizer here is an ``HFTokenizer``: the suite's ``BPETokenizer``
-wrapper (kind ``'bpe'``, a generic wrapper of any HF ``tokenizers`` model, so
-``load_tokenizer`` reloads it from a run directory) plus ``encode_batch``
-(the Rust tokenizer's multi-threaded batch encoding) and ``special_ids``.
-Encoding never adds special tokens; the data sources add BOS/EOS/PAD
-themselves.
+Every tokenizer here is a ``tokenizers.BPETokenizer`` (kind ``'bpe'``, the
+suite's wrapper of any HF ``tokenizers`` model, also named ``HFTokenizer``
+here), so ``tokenizers.load_tokenizer`` reloads it from a run directory; it
+has ``encode_batch`` (the Rust tokenizer's multi-threaded batch encoding)
+and ``special_ids``. Encoding never adds special tokens; the data sources
+add BOS/EOS/PAD themselves.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pathlib
 import sys
 from collections.abc import Sequence
 
-import numpy as np
-
 from ddlm_jax.data import tokenizers as tok_lib
 
 TEST_TOKENIZERS = ('test:wordpiece', 'test:bytebpe')
 
-_BOS_CANDIDATES = ('[CLS]', '<|endoftext|>', '<s>', '[BOS]', '<bos>')
-_EOS_CANDIDATES = ('[SEP]', '<|endoftext|>', '</s>', '[EOS]', '<eos>')
-_PAD_CANDIDATES = ('[PAD]', '<pad>', '<|padding|>')
+SpecialIds = tok_lib.SpecialIds
+# The HF tokenizer class; the name stays for callers that check for it.
+HFTokenizer = tok_lib.BPETokenizer
 
 
 class DataUnavailableError(FileNotFoundError):
   """A dataset, token cache or tokenizer is missing; says how to get it."""
 
 
-@dataclasses.dataclass(frozen=True)
-class SpecialIds:
-  """BOS/EOS/PAD ids of a tokenizer (None where it has no such token)."""
+def subword_tokenizer(tokenizer: tok_lib.Tokenizer, what: str) -> HFTokenizer:
+  """``tokenizer`` if it is an HF tokenizer (a run's saved one), else raises.
 
-  bos: int | None
-  eos: int | None
-  pad: int | None
-
-
-class HFTokenizer(tok_lib.BPETokenizer):
-  """An HF ``tokenizers.Tokenizer`` behind the suite's interface."""
-
-  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-    """Ids of each text (no special tokens), encoded in parallel."""
-    encodings = self._hf.encode_batch(list(texts), add_special_tokens=False)
-    return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
-
-  @property
-  def special_ids(self) -> SpecialIds:
-    def first(candidates):
-      for token in candidates:
-        i = self._hf.token_to_id(token)
-        if i is not None:
-          return int(i)
-      return None
-
-    eos = first(_EOS_CANDIDATES)
-    pad = first(_PAD_CANDIDATES)
-    return SpecialIds(
-      bos=first(_BOS_CANDIDATES), eos=eos, pad=eos if pad is None else pad
+  A run directory may hold a tokenizer of another kind (a char or text8
+  run); the subword datasets cannot use it.
+  """
+  if not isinstance(tokenizer, HFTokenizer):
+    raise ValueError(
+      f'{what} needs a subword (HF) tokenizer, got {tokenizer!r}; a run '
+      'directory saved with another kind cannot be reused (fresh workdir).'
     )
-
-  @classmethod
-  def wrap(cls, tokenizer: tok_lib.Tokenizer) -> HFTokenizer:
-    """Re-wraps a reloaded ``BPETokenizer`` (same ids, same JSON)."""
-    if isinstance(tokenizer, cls):
-      return tokenizer
-    if not isinstance(tokenizer, tok_lib.BPETokenizer):
-      raise TypeError(
-        f'expected a BPE/HF tokenizer, got {type(tokenizer).__name__}.'
-      )
-    return cls(tokenizer._hf)
-
-
-def encode_batch(tokenizer: tok_lib.Tokenizer, texts: Sequence[str]):
-  """Ids of each text; uses the fast batch path when the tokenizer has one."""
-  if isinstance(tokenizer, HFTokenizer):
-    return tokenizer.encode_batch(texts)
-  return [np.asarray(tokenizer.encode(t), np.int32) for t in texts]
+  return tokenizer
 
 
 def _cache_command(name: str) -> str:
@@ -114,7 +74,7 @@ def _from_path(path: pathlib.Path) -> HFTokenizer:
   if path.is_dir():
     saved = path / tok_lib.TOKENIZER_FILENAME
     if saved.is_file():
-      return HFTokenizer.wrap(tok_lib.load_tokenizer(path))
+      return subword_tokenizer(tok_lib.load_tokenizer(path), str(path))
     path = path / 'tokenizer.json'
   if not path.is_file():
     raise DataUnavailableError(f'No tokenizer.json at {path}.')
@@ -251,6 +211,6 @@ __all__ = [
   'HFTokenizer',
   'SpecialIds',
   'build_test_tokenizer',
-  'encode_batch',
   'load_hf_tokenizer',
+  'subword_tokenizer',
 ]

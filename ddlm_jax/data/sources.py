@@ -5,9 +5,9 @@ for one tokenizer. Each split is one of two kinds:
 
 ``PackedSplit`` (text8; LM1B and OWT with ``packing='packed'``)
   The split's documents, each followed by EOS, joined into one token stream
-  (text8 is one stream of characters). Batches cut it into windows with the
-  semantics of ``ddlm_jax.data.pipeline``: per-epoch random offset, per-epoch
-  shuffle, shard by process, drop the remainder. A window holds
+  (text8 is one stream of characters). ``ddlm_jax.data.pipeline`` defines
+  it and cuts it into windows: per-epoch random offset, per-epoch shuffle,
+  shard by process, drop the remainder. A window holds
   ``seq_len - n`` stream tokens plus the ``n`` framing tokens of ``wrap``:
   ``'bos_eos'`` puts BOS first and EOS last in every row (MDLM's
   ``wrap=True``: ``[BOS] doc1 [EOS] doc2-part [EOS]``), ``'eos'`` adds nothing
@@ -34,12 +34,15 @@ stream costs no RAM. The JSON records the tokenizer fingerprint and the
 documents used; a cache built for something else is refused with a message.
 Sources are lazy: nothing is read until a split is first used, so a run can
 be restored for evaluation on a machine without its training data.
+
+This module is the base that the dataset modules (``text8``, ``lm1b``,
+``openwebtext``) build on; ``ddlm_jax.data.source_registry`` maps a
+``config.data.corpus`` to them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
@@ -53,15 +56,11 @@ import numpy as np
 
 from ddlm_jax.data import pipeline
 from ddlm_jax.data import tokenizers as tok_lib
-from ddlm_jax.data.pretrained import (
-  DataUnavailableError,
-  SpecialIds,
-  encode_batch,
-)
+from ddlm_jax.data.pipeline import PackedSplit, packed_eval_batches
+from ddlm_jax.data.pretrained import DataUnavailableError
 
 WRAPS = ('bos_eos', 'eos', 'none')
 PACKINGS = ('packed', 'padded')
-CORPORA = ('text8', 'lm1b', 'openwebtext')
 _CACHE_FORMAT = 1
 
 
@@ -97,6 +96,15 @@ class TextColumn(Sequence):
 
   def __len__(self) -> int:
     return self._stop - self._start
+
+  @property
+  def start(self) -> int:
+    """First record of the range (cache metadata names it)."""
+    return self._start
+
+  @property
+  def stop(self) -> int:
+    return self._stop
 
   def _text(self, record: Any) -> str:
     value = record if self._key is None else record[self._key]
@@ -142,66 +150,7 @@ def get_texts(docs: Sequence[str], indices: Iterable[int]) -> list[str]:
 
 
 # --------------------------------------------------------------------------
-# Split kinds.
-
-
-@dataclasses.dataclass(frozen=True)
-class PackedSplit:
-  """A token stream cut into windows (see module docstring).
-
-  Attributes:
-    tokens: 1-D integer ids (numpy array or ``np.memmap``, any int dtype).
-    bos: id put first in every window, or None.
-    eos: id put last in every window, or None.
-    window_ids: None for the sliding grid; else the grid windows (of
-      ``seq_len - framing`` stream tokens) that form this split.
-    grid_len: the ``seq_len`` that ``window_ids`` were drawn for.
-  """
-
-  tokens: Any
-  bos: int | None = None
-  eos: int | None = None
-  window_ids: np.ndarray | None = None
-  grid_len: int | None = None
-
-  @property
-  def framing(self) -> int:
-    return int(self.bos is not None) + int(self.eos is not None)
-
-  def inner_len(self, seq_len: int) -> int:
-    if self.grid_len is not None and seq_len != self.grid_len:
-      raise ValueError(
-        f'This split is a fixed set of rows of length {self.grid_len}; '
-        f'seq_len {seq_len} differs. Rebuild the source with this seq_len.'
-      )
-    inner = seq_len - self.framing
-    if inner < 1:
-      raise ValueError(
-        f'seq_len {seq_len} leaves no room for data beside {self.framing} '
-        'framing token(s); use a longer --config.data.seq_len.'
-      )
-    return inner
-
-  def num_windows(self, seq_len: int) -> int:
-    inner = self.inner_len(seq_len)
-    if self.window_ids is not None:
-      return len(self.window_ids)
-    return int(self.tokens.shape[0]) // inner
-
-  def frame(self, body_BxI: np.ndarray) -> np.ndarray:
-    """Adds the BOS/EOS columns: int32 [B, I] -> int32 [B, I + framing]."""
-    cols = []
-    n = body_BxI.shape[0]
-    if self.bos is not None:
-      cols.append(np.full((n, 1), self.bos, np.int32))
-    cols.append(body_BxI.astype(np.int32, copy=False))
-    if self.eos is not None:
-      cols.append(np.full((n, 1), self.eos, np.int32))
-    return np.concatenate(cols, axis=1) if len(cols) > 1 else cols[0]
-
-  def gather(self, starts_B: np.ndarray, inner: int) -> np.ndarray:
-    idx_BxI = np.asarray(starts_B, np.int64)[:, None] + np.arange(inner)
-    return self.frame(np.asarray(self.tokens[idx_BxI], np.int32))
+# Split kinds: ``PackedSplit`` (``ddlm_jax.data.pipeline``) and documents.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,26 +161,6 @@ class DocumentSplit:
   bos: int | None
   eos: int | None
   pad: int
-
-
-class _PackedGather:
-  """(batch index, window indices) -> {'tokens': int32[B, L]}."""
-
-  def __init__(self, split, seq_len, seed, batches_per_epoch, max_offset):
-    self._split = split
-    self._inner = split.inner_len(seq_len)
-    self._seed = seed
-    self._batches_per_epoch = batches_per_epoch
-    self._max_offset = max_offset
-
-  def __call__(self, index: int, windows_B: np.ndarray) -> dict[str, Any]:
-    epoch = index // self._batches_per_epoch
-    offset = pipeline._epoch_offset(self._seed, epoch, self._max_offset)
-    windows_B = np.asarray(windows_B, np.int64)
-    if self._split.window_ids is not None:
-      windows_B = np.asarray(self._split.window_ids, np.int64)[windows_B]
-    starts_B = offset + windows_B * self._inner
-    return {'tokens': self._split.gather(starts_B, self._inner)}
 
 
 class _PadBatch:
@@ -245,7 +174,7 @@ class _PadBatch:
   def __call__(self, doc_ids_B: np.ndarray) -> dict[str, np.ndarray]:
     texts = get_texts(self._split.docs, np.asarray(doc_ids_B).tolist())
     return pad_documents(
-      encode_batch(self._tokenizer, texts), self._split, self._seq_len
+      self._tokenizer.encode_batch(texts), self._split, self._seq_len
     )
 
 
@@ -269,59 +198,6 @@ def pad_documents(
   return {'tokens': tokens_BxL, 'loss_mask': mask_BxL}
 
 
-def _check_shards(batch_size, seed, shard_index, shard_count):
-  pipeline._check_positive(batch_size=batch_size, shard_count=shard_count)
-  if not 0 <= shard_index < shard_count:
-    raise ValueError(
-      f'shard_index must be in [0, {shard_count}), got {shard_index}.'
-    )
-  if not 0 <= seed < 2**63:
-    raise ValueError(f'seed must be a non-negative integer, got {seed}.')
-
-
-def packed_train_dataset(
-  split: PackedSplit,
-  *,
-  seq_len: int,
-  batch_size: int,
-  seed: int,
-  shard_index: int = 0,
-  shard_count: int = 1,
-  random_offset: bool = True,
-) -> grain.MapDataset:
-  """Endless MapDataset of packed windows (``pipeline.train_dataset`` rules).
-
-  On an int32 stream without framing it yields exactly the batches of
-  ``pipeline.train_dataset`` (tested); it also reads memory-mapped streams
-  of any integer dtype and adds the split's framing tokens.
-  """
-  _check_shards(batch_size, seed, shard_index, shard_count)
-  inner = split.inner_len(seq_len)
-  if split.window_ids is None:
-    num_windows, max_offset = pipeline.window_layout(
-      int(split.tokens.shape[0]), inner
-    )
-  else:
-    num_windows, max_offset = len(split.window_ids), 0
-  if not random_offset:
-    max_offset = 0
-  batches_per_epoch = num_windows // (shard_count * batch_size)
-  if batches_per_epoch == 0:
-    raise ValueError(
-      f'The train split makes only {num_windows} windows of seq_len '
-      f'{seq_len}, fewer than batch_size {batch_size} x {shard_count} '
-      'process(es); lower the batch size or seq_len, or add data.'
-    )
-  per_shard = batches_per_epoch * batch_size
-  ds = grain.MapDataset.range(num_windows).shuffle(
-    seed=pipeline._shuffle_seed(seed)
-  )
-  ds = ds[: per_shard * shard_count][shard_index::shard_count]
-  ds = ds.batch(batch_size, drop_remainder=True).repeat(None)
-  gather = _PackedGather(split, seq_len, seed, batches_per_epoch, max_offset)
-  return ds.map_with_index(gather)
-
-
 def padded_train_dataset(
   split: DocumentSplit,
   tokenizer: tok_lib.Tokenizer,
@@ -333,61 +209,16 @@ def padded_train_dataset(
   shard_count: int = 1,
 ) -> grain.MapDataset:
   """Endless MapDataset of padded documents with ``loss_mask``."""
-  _check_shards(batch_size, seed, shard_index, shard_count)
   num_docs = len(split.docs)
-  batches_per_epoch = num_docs // (shard_count * batch_size)
-  if batches_per_epoch == 0:
-    raise ValueError(
-      f'The train split has {num_docs} documents, fewer than batch_size '
-      f'{batch_size} x {shard_count} process(es); lower the batch size.'
-    )
-  per_shard = batches_per_epoch * batch_size
-  ds = grain.MapDataset.range(num_docs).shuffle(
-    seed=pipeline._shuffle_seed(seed)
+  ds, _ = pipeline.epoch_batches(
+    num_docs,
+    batch_size=batch_size,
+    seed=seed,
+    shard_index=shard_index,
+    shard_count=shard_count,
+    what=f'The train split has {num_docs} documents',
   )
-  ds = ds[: per_shard * shard_count][shard_index::shard_count]
-  ds = ds.batch(batch_size, drop_remainder=True).repeat(None)
   return ds.map(_PadBatch(split, tokenizer, seq_len))
-
-
-def _eval_groups(n: int, batch_size: int, max_batches, drop_partial, what):
-  pipeline._check_positive(batch_size=batch_size)
-  if max_batches is not None:
-    pipeline._check_positive(max_batches=max_batches)
-  full = n // batch_size
-  groups = [range(b * batch_size, (b + 1) * batch_size) for b in range(full)]
-  if not drop_partial and n % batch_size:
-    groups.append(range(full * batch_size, n))
-  if not groups:
-    raise ValueError(
-      f'{what} makes only {n} sequence(s), fewer than batch_size '
-      f'{batch_size}; lower the eval batch size or seq_len.'
-    )
-  return groups if max_batches is None else groups[:max_batches]
-
-
-def packed_eval_batches(
-  split: PackedSplit,
-  *,
-  seq_len: int,
-  batch_size: int,
-  max_batches: int | None = None,
-  drop_partial: bool = True,
-  split_name: str = 'evaluation',
-) -> list[dict[str, np.ndarray]]:
-  """Windows in order (offset 0), framed, grouped into batches."""
-  inner = split.inner_len(seq_len)
-  n = split.num_windows(seq_len)
-  ids = (
-    np.arange(n) if split.window_ids is None else np.asarray(split.window_ids)
-  )
-  groups = _eval_groups(
-    n, batch_size, max_batches, drop_partial, f'The {split_name} split'
-  )
-  return [
-    {'tokens': split.gather(ids[np.asarray(g)].astype(np.int64) * inner, inner)}
-    for g in groups
-  ]
 
 
 def padded_eval_batches(
@@ -401,7 +232,7 @@ def padded_eval_batches(
   split_name: str = 'evaluation',
 ) -> list[dict[str, np.ndarray]]:
   """Documents in order, one per row, with ``loss_mask``."""
-  groups = _eval_groups(
+  groups = pipeline.eval_groups(
     len(split.docs),
     batch_size,
     max_batches,
@@ -414,14 +245,6 @@ def padded_eval_batches(
 
 # --------------------------------------------------------------------------
 # Token-stream caches.
-
-
-def tokenizer_fingerprint(tokenizer: tok_lib.Tokenizer) -> str:
-  """A short hash of the tokenizer's saved JSON (ids depend on nothing else)."""
-  blob = json.dumps(
-    {'kind': tokenizer.kind, **tokenizer._config()}, sort_keys=True
-  )
-  return hashlib.sha256(blob.encode('utf-8')).hexdigest()[:16]
 
 
 def stream_dtype(vocab_size: int) -> np.dtype:
@@ -444,7 +267,7 @@ def document_stream(
     stop = min(n, start + block)
     texts = get_texts(docs, range(start, stop))
     pieces = []
-    for ids in encode_batch(tokenizer, texts):
+    for ids in tokenizer.encode_batch(texts):
       pieces.append(ids)
       if eos is not None:
         pieces.append(np.asarray([eos], np.int32))
@@ -607,7 +430,7 @@ class Source:
     )
     if isinstance(train, DocumentSplit):
       return padded_train_dataset(train, self.tokenizer, **kwargs)
-    return packed_train_dataset(train, **kwargs)
+    return pipeline.train_dataset(train, **kwargs)
 
   def train_iterator(
     self,
@@ -707,7 +530,7 @@ class SplitTokens(Mapping):
 # Config -> source.
 
 
-def framing_ids(wrap: str, specials: SpecialIds, what: str):
+def framing_ids(wrap: str, specials: tok_lib.SpecialIds, what: str):
   """(bos, eos) framing ids of a packed split for ``wrap``."""
   if wrap not in WRAPS:
     raise ValueError(f'data.wrap={wrap!r}; choose one of {WRAPS}.')
@@ -721,48 +544,7 @@ def framing_ids(wrap: str, specials: SpecialIds, what: str):
   return (specials.bos if wrap == 'bos_eos' else None), specials.eos
 
 
-def build_source(cfg, tokenizer: tok_lib.Tokenizer | None = None) -> Source:
-  """The Source of ``cfg.corpus`` ('text8', 'lm1b' or 'openwebtext').
-
-  Args:
-    cfg: the ``config.data`` block.
-    tokenizer: reuse this tokenizer (a resumed run's saved one) instead of
-      loading or building it.
-  """
-  corpus = cfg.corpus
-  if corpus == 'text8':
-    from ddlm_jax.data import text8
-
-    return text8.text8_source(cfg, tokenizer)
-  if corpus == 'lm1b':
-    from ddlm_jax.data import lm1b
-
-    return lm1b.lm1b_source(cfg, tokenizer)
-  if corpus == 'openwebtext':
-    from ddlm_jax.data import openwebtext
-
-    return openwebtext.openwebtext_source(cfg, tokenizer)
-  raise ValueError(f'corpus {corpus!r} is not a source; have {CORPORA}.')
-
-
-def load_saved_tokenizer(directory: str | os.PathLike) -> tok_lib.Tokenizer:
-  """Reloads a run's tokenizer, including the kinds defined by sources."""
-  path = pathlib.Path(directory) / tok_lib.TOKENIZER_FILENAME
-  kind = json.loads(path.read_text(encoding='utf-8')).get('kind')
-  if kind == 'text8':
-    from ddlm_jax.data.text8 import Text8Tokenizer
-
-    return Text8Tokenizer()
-  tok = tok_lib.load_tokenizer(directory)
-  if isinstance(tok, tok_lib.BPETokenizer):
-    from ddlm_jax.data.pretrained import HFTokenizer
-
-    return HFTokenizer.wrap(tok)
-  return tok
-
-
 __all__ = [
-  'CORPORA',
   'PACKINGS',
   'WRAPS',
   'DataUnavailableError',
@@ -771,15 +553,11 @@ __all__ = [
   'Source',
   'SplitTokens',
   'TextColumn',
-  'build_source',
   'cached_stream',
   'document_stream',
   'framing_ids',
-  'load_saved_tokenizer',
   'packed_eval_batches',
-  'packed_train_dataset',
   'pad_documents',
   'padded_eval_batches',
   'padded_train_dataset',
-  'tokenizer_fingerprint',
 ]

@@ -8,10 +8,12 @@ last 5M test. ``split_bounds`` computes the cuts as 90% / 95% of the length,
 which is exactly 90M / 95M for the real file and lets tiny text8-format files
 (tests, smoke presets) split the same way.
 
-The tokenizer (``Text8Tokenizer``) has exactly the 27 symbols, ``a``-``z``
--> 0-25 and space -> 26 (MD4's ids), with no UNK: any other byte in the
-archive is an error. Each split is held in memory as uint8 (100 MB) and
-served as a packed stream without framing tokens (text8 has no documents).
+The tokenizer (``Text8Tokenizer``, defined with the other kinds in
+``ddlm_jax.data.tokenizers`` so that ``load_tokenizer`` reloads it) has
+exactly the 27 symbols, ``a``-``z`` -> 0-25 and space -> 26 (MD4's ids),
+with no UNK: any other byte in the archive is an error. Each split is held
+in memory as uint8 (100 MB) and served as a packed stream without framing
+tokens (text8 has no documents).
 """
 
 from __future__ import annotations
@@ -19,63 +21,18 @@ from __future__ import annotations
 import os
 import pathlib
 import zipfile
-from typing import Any
 
 import numpy as np
 
 from ddlm_jax.data import tokenizers as tok_lib
 from ddlm_jax.data.pretrained import DataUnavailableError
 from ddlm_jax.data.sources import PackedSplit, Source
+from ddlm_jax.data.tokenizers import Text8Tokenizer
 
-ALPHABET = 'abcdefghijklmnopqrstuvwxyz '
+ALPHABET = tok_lib.TEXT8_ALPHABET
 URL = 'http://mattmahoney.net/dc/text8.zip'
 STANDARD_LENGTH = 100_000_000
 ARCHIVE_MEMBER = 'text8'
-
-
-class Text8Tokenizer(tok_lib.Tokenizer):
-  """The 27 text8 symbols: a-z -> 0-25, space -> 26; no UNK, no specials."""
-
-  kind = 'text8'
-  vocab_size = len(ALPHABET)
-
-  def __init__(self):
-    table = np.full(256, -1, np.int16)
-    for i, ch in enumerate(ALPHABET):
-      table[ord(ch)] = i
-    self._table = table
-
-  def encode_bytes(self, data: bytes) -> np.ndarray:
-    """Ids (uint8) of text8-format bytes; raises on any other byte."""
-    ids = self._table[np.frombuffer(data, np.uint8)]
-    bad = np.flatnonzero(ids < 0)
-    if bad.size:
-      i = int(bad[0])
-      raise ValueError(
-        f'Byte {data[i : i + 1]!r} at offset {i} is not a text8 symbol '
-        f'(a-z or space); {bad.size} such byte(s) in all. text8 files hold '
-        'only those 27 symbols.'
-      )
-    return ids.astype(np.uint8)
-
-  def encode(self, text: str) -> np.ndarray:
-    try:
-      data = text.encode('ascii')
-    except UnicodeEncodeError as e:
-      raise ValueError(f'text8 takes a-z and space only: {e}') from e
-    return self.encode_bytes(data).astype(np.int32)
-
-  def _decode_valid(self, ids: np.ndarray) -> str:
-    return ''.join(ALPHABET[i] for i in ids.tolist())
-
-  def _config(self) -> dict[str, Any]:
-    return {'alphabet': ALPHABET}
-
-  @classmethod
-  def _from_config(cls, config: dict[str, Any]) -> Text8Tokenizer:
-    if config.get('alphabet', ALPHABET) != ALPHABET:
-      raise ValueError('saved text8 alphabet differs from this code.')
-    return cls()
 
 
 def split_bounds(length: int) -> tuple[int, int]:

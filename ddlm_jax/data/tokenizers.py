@@ -1,9 +1,13 @@
-"""Tokenizers behind one small interface: characters, UTF-8 bytes, byte BPE.
+"""Tokenizers behind one small interface: characters, bytes, HF, text8.
 
 Every tokenizer maps text to a 1-D int32 array of ids in ``[0, vocab_size)``
 and back, is picklable (grain workers receive copies) and saves itself as one
 JSON file, ``ddlm_tokenizer.json``, so that a run directory holds the exact
-tokenizer its model was trained with (``load_tokenizer(run_dir)``).
+tokenizer its model was trained with. ``load_tokenizer(run_dir)`` reloads
+every kind, so all of them live in this module: ``char``, ``byte``, ``bpe``
+(any HF ``tokenizers`` model: BPE trained here, or the pretrained BERT and
+GPT-2 tokenizers of ``ddlm_jax.data.pretrained``) and ``text8`` (the 27
+symbols of ``ddlm_jax.data.text8``).
 
 Ids and special tokens:
 
@@ -26,6 +30,8 @@ Ids and special tokens:
 from __future__ import annotations
 
 import abc
+import dataclasses
+import hashlib
 import json
 import pathlib
 from collections.abc import Iterable, Sequence
@@ -37,7 +43,20 @@ TOKENIZER_FILENAME = 'ddlm_tokenizer.json'
 MASK_PLACEHOLDER = '_'
 UNK_CHAR = '\ufffd'
 UNK_POLICIES = ('replace', 'error')
+TEXT8_ALPHABET = 'abcdefghijklmnopqrstuvwxyz '
 _FORMAT_VERSION = 1
+_BOS_CANDIDATES = ('[CLS]', '<|endoftext|>', '<s>', '[BOS]', '<bos>')
+_EOS_CANDIDATES = ('[SEP]', '<|endoftext|>', '</s>', '[EOS]', '<eos>')
+_PAD_CANDIDATES = ('[PAD]', '<pad>', '<|padding|>')
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+  """BOS/EOS/PAD ids of a tokenizer (None where it has no such token)."""
+
+  bos: int | None
+  eos: int | None
+  pad: int | None
 
 
 def _as_id_array(ids: Any) -> np.ndarray:
@@ -76,6 +95,10 @@ class Tokenizer(abc.ABC):
   @abc.abstractmethod
   def encode(self, text: str) -> np.ndarray:
     """Returns the ids of ``text`` as a 1-D int32 array."""
+
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """Ids of each text; subclasses with a batch encoder override this."""
+    return [np.asarray(self.encode(t), np.int32) for t in texts]
 
   @abc.abstractmethod
   def _decode_valid(self, ids: np.ndarray) -> str:
@@ -209,7 +232,13 @@ class ByteTokenizer(Tokenizer):
 
 
 class BPETokenizer(Tokenizer):
-  """Byte-level BPE from HF ``tokenizers`` (GPT-2 style byte alphabet)."""
+  """An HF ``tokenizers`` model: byte-level BPE trained here, or pretrained.
+
+  ``train`` builds byte-level BPE (GPT-2 style byte alphabet); any other HF
+  tokenizer (BERT's WordPiece, GPT-2's BPE) is wrapped as is. Encoding never
+  adds special tokens; ``special_ids`` finds BOS/EOS/PAD by their usual names
+  so that the data sources can add them.
+  """
 
   kind = 'bpe'
 
@@ -280,6 +309,26 @@ class BPETokenizer(Tokenizer):
     ids = self._hf.encode(text, add_special_tokens=False).ids
     return np.asarray(ids, dtype=np.int32)
 
+  def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    """Ids of each text (no special tokens), encoded in parallel."""
+    encodings = self._hf.encode_batch(list(texts), add_special_tokens=False)
+    return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+
+  @property
+  def special_ids(self) -> SpecialIds:
+    def first(candidates):
+      for token in candidates:
+        i = self._hf.token_to_id(token)
+        if i is not None:
+          return int(i)
+      return None
+
+    eos = first(_EOS_CANDIDATES)
+    pad = first(_PAD_CANDIDATES)
+    return SpecialIds(
+      bos=first(_BOS_CANDIDATES), eos=eos, pad=eos if pad is None else pad
+    )
+
   def _decode_valid(self, ids: np.ndarray) -> str:
     return self._hf.decode(ids.tolist(), skip_special_tokens=False)
 
@@ -301,12 +350,60 @@ class BPETokenizer(Tokenizer):
     self.__init__(HFTokenizer.from_str(state['hf_json']))
 
 
-_KINDS: dict[str, type[Tokenizer]] = {
+class Text8Tokenizer(Tokenizer):
+  """The 27 text8 symbols: a-z -> 0-25, space -> 26; no UNK, no specials."""
+
+  kind = 'text8'
+  vocab_size = len(TEXT8_ALPHABET)
+
+  def __init__(self):
+    table = np.full(256, -1, np.int16)
+    for i, ch in enumerate(TEXT8_ALPHABET):
+      table[ord(ch)] = i
+    self._table = table
+
+  def encode_bytes(self, data: bytes) -> np.ndarray:
+    """Ids (uint8) of text8-format bytes; raises on any other byte."""
+    ids = self._table[np.frombuffer(data, np.uint8)]
+    bad = np.flatnonzero(ids < 0)
+    if bad.size:
+      i = int(bad[0])
+      raise ValueError(
+        f'Byte {data[i : i + 1]!r} at offset {i} is not a text8 symbol '
+        f'(a-z or space); {bad.size} such byte(s) in all. text8 files hold '
+        'only those 27 symbols.'
+      )
+    return ids.astype(np.uint8)
+
+  def encode(self, text: str) -> np.ndarray:
+    try:
+      data = text.encode('ascii')
+    except UnicodeEncodeError as e:
+      raise ValueError(f'text8 takes a-z and space only: {e}') from e
+    return self.encode_bytes(data).astype(np.int32)
+
+  def _decode_valid(self, ids: np.ndarray) -> str:
+    return ''.join(TEXT8_ALPHABET[i] for i in ids.tolist())
+
+  def _config(self) -> dict[str, Any]:
+    return {'alphabet': TEXT8_ALPHABET}
+
+  @classmethod
+  def _from_config(cls, config: dict[str, Any]) -> Text8Tokenizer:
+    if config.get('alphabet', TEXT8_ALPHABET) != TEXT8_ALPHABET:
+      raise ValueError('saved text8 alphabet differs from this code.')
+    return cls()
+
+
+# Kinds that build_tokenizer fits to a corpus; load_tokenizer knows them all.
+_BUILDABLE: dict[str, type[Tokenizer]] = {
   'char': CharTokenizer,
   'byte': ByteTokenizer,
   'bpe': BPETokenizer,
 }
-TOKENIZER_KINDS = tuple(_KINDS)
+_KINDS: dict[str, type[Tokenizer]] = {**_BUILDABLE, 'text8': Text8Tokenizer}
+TOKENIZER_KINDS = tuple(_BUILDABLE)
+SAVED_KINDS = tuple(_KINDS)
 
 
 def build_tokenizer(kind: str, train_text: str, **kwargs) -> Tokenizer:
@@ -335,7 +432,11 @@ def build_tokenizer(kind: str, train_text: str, **kwargs) -> Tokenizer:
 
 
 def load_tokenizer(directory: str | pathlib.Path) -> Tokenizer:
-  """Loads the tokenizer that ``Tokenizer.save(directory)`` wrote."""
+  """Loads the tokenizer that ``Tokenizer.save(directory)`` wrote, any kind.
+
+  The one loader of saved tokenizers: a run directory's ``tokenizer/``, a
+  ``ddlm_tokenizer.json`` path or its folder.
+  """
   path = pathlib.Path(directory)
   if path.is_dir():
     path = path / TOKENIZER_FILENAME
@@ -347,7 +448,7 @@ def load_tokenizer(directory: str | pathlib.Path) -> Tokenizer:
   kind = config.get('kind')
   if kind not in _KINDS:
     raise ValueError(
-      f'{path} names tokenizer kind {kind!r}; known kinds: {TOKENIZER_KINDS}.'
+      f'{path} names tokenizer kind {kind!r}; known kinds: {SAVED_KINDS}.'
     )
   if config.get('format_version', _FORMAT_VERSION) > _FORMAT_VERSION:
     raise ValueError(
@@ -355,3 +456,14 @@ def load_tokenizer(directory: str | pathlib.Path) -> Tokenizer:
       f'this code ({_FORMAT_VERSION}); upgrade ddlm_jax.'
     )
   return _KINDS[kind]._from_config(config)
+
+
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
+  """A short hash of the tokenizer's saved JSON (ids depend on nothing else).
+
+  Token caches are named by it, so a cache is never read with other ids.
+  """
+  blob = json.dumps(
+    {'kind': tokenizer.kind, **tokenizer._config()}, sort_keys=True
+  )
+  return hashlib.sha256(blob.encode('utf-8')).hexdigest()[:16]

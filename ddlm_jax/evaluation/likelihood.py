@@ -16,8 +16,7 @@ from collections.abc import Iterable
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from ddlm_jax.training.steps import make_apply
+from flax import nnx
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef', 'process', 'samples'))
@@ -25,7 +24,7 @@ def sequence_nll(
   params, key, x_BxL, mask_BxL=None, *, graphdef, process, samples: int
 ):
   """Per-sequence NELBO (nats), averaged over `samples` draws: [B]."""
-  apply = make_apply(graphdef, params)
+  apply = nnx.merge(graphdef, params)
 
   def one(key):
     return process.loss(apply, key, x_BxL, mask_BxL)[1]

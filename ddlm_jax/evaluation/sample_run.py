@@ -14,6 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from ddlm_jax.evaluation import cost
 from ddlm_jax.evaluation.sample_metrics import (
@@ -24,19 +25,20 @@ from ddlm_jax.evaluation.sample_metrics import (
 from ddlm_jax.sampling.autoregressive import autoregressive_sample
 from ddlm_jax.sampling.common import prefix_prompt
 from ddlm_jax.sampling.registry import sampler_from_config
-from ddlm_jax.training.steps import make_apply
 
 
 def _cfg_get(cfg, key, default=None):
   return cfg.get(key, default) if hasattr(cfg, 'get') else default
 
 
-def model_flops(run, batch: int, length: int) -> float:
-  """Forward FLOPs of one call of the run's network."""
-  from ddlm_jax.training import builders
+def make_apply(graphdef, params):
+  """The network of a parameter dict (the merged NNX module)."""
+  return nnx.merge(graphdef, params)
 
-  mcfg = builders.model_config(run.config.model, run.process)
-  return cost.transformer_flops(mcfg, batch, length)
+
+def model_flops(run, batch: int, length: int) -> float:
+  """Forward FLOPs of one call of the run's network (as built)."""
+  return run.forward_flops(batch, length)
 
 
 def _check_time_free(sampler, run):
@@ -116,6 +118,12 @@ def draw_samples(
     tokens.append(np.asarray(tok))
     seconds += time.perf_counter() - t0
     nfes.append(np.asarray(nfe))
+    if calls > 1:
+      print(
+        f'sampling: batch {r + 1}/{calls} ({(r + 1) * num_samples} '
+        f'samples, {seconds:.1f}s)',
+        flush=True,
+      )
   tokens = np.concatenate(tokens)
   nfe = np.mean(nfes, axis=0)  # per call
   total = tokens.shape[0]
@@ -164,32 +172,34 @@ def sample_and_score(run, *, scorer=None, scorer_run=None, light_run=None):
   """--mode=sample: samples per run.config.sample; returns (texts, stats).
 
   Args:
-    scorer: an ARScorer; else one from scorer_run, else from the run dir in
-      config.sample.scorer (none: no gen-ppl / MAUVE).
-    light_run: the light network's run ('scheduled'); else loaded from
+    scorer: an ARScorer; else one from scorer_run (none: no gen-ppl /
+      MAUVE). `Run.sample` loads the run named by config.sample.scorer.
+    light_run: the light network's run ('scheduled'); `Run.sample` loads
       config.sample.light_workdir.
   """
-  from ddlm_jax.training.restore import load_run
-
   cfg = run.config.sample
   num = int(cfg.num_samples)
-  if light_run is None and _cfg_get(cfg, 'light_workdir', ''):
-    light_run = load_run(cfg.light_workdir)
+  # Large requests run as ceil(num / batch) calls of one compiled sampler,
+  # with a progress line per call, instead of one huge batch.
+  batch = min(num, int(_cfg_get(cfg, 'batch_size', 0)) or num)
+  calls = -(-num // batch)
   prompt = None
   prefix = _cfg_get(cfg, 'prefix', '')
   if prefix and not run.process.causal:
-    ids = run.data.tokenizer.encode(prefix)[None].repeat(num, 0)
+    ids = run.data.tokenizer.encode(prefix)[None].repeat(batch, 0)
     prompt = prefix_prompt(ids, run.config.data.seq_len, run.process.mask_id)
   tokens, stats = draw_samples(
     run,
-    num_samples=num,
+    num_samples=batch,
     seed=int(cfg.seed),
     light_run=light_run,
     prompt_BxL=prompt,
+    calls=calls,
   )
+  if tokens.shape[0] > num:
+    tokens = tokens[:num]
+    stats['num_samples'] = num
   texts = [run.data.tokenizer.decode(row) for row in tokens]
-  if scorer is None and scorer_run is None and _cfg_get(cfg, 'scorer', ''):
-    scorer_run = load_run(cfg.scorer)
   if scorer is None and scorer_run is not None:
     scorer = ARScorer.from_run(scorer_run)
     stats['scorer'] = scorer_run.workdir

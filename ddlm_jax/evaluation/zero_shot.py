@@ -12,26 +12,24 @@ tokens, reported as nats/token, bits/token and the perplexity bound
 padded with copies that are then dropped); the tail shorter than one row is
 dropped.
 
-``evaluate_run(workdir, names)`` restores a run (its ``config.json`` and
-newest checkpoint; the tokenizer comes from ``workdir/tokenizer`` so the
-training data need not be present) and writes ``workdir/zero_shot.json``.
+``ddlm_jax.training.loop.evaluate_zero_shot(workdir, names)`` restores a
+run (its ``config.json`` and newest checkpoint; the tokenizer comes from
+``workdir/tokenizer`` so the training data need not be present), scores it
+with ``evaluate_dataset`` and writes ``workdir/zero_shot.json``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from collections.abc import Sequence
 
 import jax
-import ml_collections
 import numpy as np
 
 from ddlm_jax.data import sources
 from ddlm_jax.data import zero_shot as zs_data
-from ddlm_jax.data.pretrained import HFTokenizer
+from ddlm_jax.data.tokenizers import BPETokenizer
 from ddlm_jax.evaluation.likelihood import sequence_nll, summarize_nll
 
 
@@ -43,7 +41,7 @@ def packed_rows(
   wrap: str,
 ) -> sources.PackedSplit:
   """The documents as one EOS-separated stream, framed rows of ``seq_len``."""
-  if not isinstance(tokenizer, HFTokenizer):
+  if not isinstance(tokenizer, BPETokenizer):
     raise ValueError(
       f'Zero-shot evaluation needs a subword tokenizer with BOS/EOS (a run '
       f'trained on openwebtext or lm1b); this run has {tokenizer!r}.'
@@ -161,63 +159,6 @@ def evaluate_dataset(
   return result
 
 
-def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  """The ConfigDict a run saved in ``workdir/config.json``."""
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.isfile(path):
-    raise FileNotFoundError(
-      f'{path} not found: {workdir} is not a run directory (train with '
-      'python -m experiments.run first).'
-    )
-  with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  config.mesh.shape = tuple(config.mesh.shape)
-  return config
-
-
-def evaluate_run(
-  workdir: str,
-  names: Sequence[str] = zs_data.SUITE,
-  *,
-  mesh_shape: tuple[int, ...] | None = None,
-  **kwargs,
-) -> dict[str, dict]:
-  """Restores the run in ``workdir`` and scores it on each set in ``names``.
-
-  Args:
-    workdir: a run directory (config.json, tokenizer/, checkpoints/).
-    names: zero-shot sets, e.g. ('ptb', 'wikitext2').
-    mesh_shape: override the saved ``config.mesh.shape`` (e.g. (1, 1, 1)
-      to evaluate on one device).
-    **kwargs: passed to ``evaluate_dataset``.
-
-  Returns:
-    {name: result}; also written to ``workdir/zero_shot.json`` (process 0).
-  """
-  from ddlm_jax.training.loop import Run
-
-  for name in names:
-    zs_data.get_dataset(name)  # Unknown names fail before the restore.
-  config = load_run_config(workdir)
-  if mesh_shape is not None:
-    config.mesh.shape = tuple(mesh_shape)
-  run = Run(config, workdir)
-  step = run.restore()
-  run.checkpointer.close()
-  if step == 0:
-    raise FileNotFoundError(
-      f'No checkpoint in {workdir}/checkpoints; train the run first.'
-    )
-  results = {}
-  for name in names:
-    results[name] = evaluate_dataset(run, name, **kwargs)
-    results[name]['step'] = step
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, 'zero_shot.json'), 'w') as f:
-      json.dump(results, f, indent=2, sort_keys=True)
-  return results
-
-
 def format_table(results: dict[str, dict]) -> str:
   """A plain-text table: dataset, split, tokens, nats/token, ppl bound."""
   lines = [
@@ -236,9 +177,7 @@ def format_table(results: dict[str, dict]) -> str:
 
 __all__ = [
   'evaluate_dataset',
-  'evaluate_run',
   'format_table',
-  'load_run_config',
   'packed_rows',
   'score_rows',
 ]

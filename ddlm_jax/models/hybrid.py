@@ -2,14 +2,15 @@
 
 A per-layer ``pattern`` such as 'ASAS' picks, layer by layer, a transformer
 block ('A': ``transformer.Block``, rotary attention, bidirectional unless the
-process is causal) or an SSM block ('S': pre-norm residual block around a
-PD-SSM / complex-diagonal / selective-diagonal mixer from ``ssm``, run as a
-forward + reverse scan pair for bidirectional denoisers and forward-only for
-causal ones, then an MLP). SSM blocks take the same optional adaLN time
-modulation as attention blocks. ``HybridTransformer`` has the interface of
-``transformer.Transformer``: ``__call__(tokens_BxL, t_B=None)`` ->
-logits_BxLxV, plus ``embed`` / ``backbone`` / ``logits``, so processes,
-samplers and the trainer use it unchanged.
+process is causal) or an SSM block ('S': ``SSMLayer``, the same
+``layers.Block`` around a PD-SSM / complex-diagonal / selective-diagonal
+mixer from ``ssm``, run as a forward + reverse scan pair for bidirectional
+denoisers and forward-only for causal ones, then the transformer's MLP).
+SSM blocks take the same optional adaLN time modulation as attention blocks.
+``HybridTransformer`` has the interface of ``transformer.Transformer``:
+``__call__(tokens_BxL, t_B=None)`` -> logits_BxLxV, plus ``embed`` /
+``backbone`` / ``logits``, so processes, samplers and the trainer use it
+unchanged.
 
 Config keys (``config.model``): ``backbone`` ('transformer' | 'hybrid'),
 ``pattern``, ``ssm_kind``, ``state_size``, ``num_dict``, ``scan_impl``;
@@ -21,12 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ddlm_jax.models import ssm
-from ddlm_jax.models.layers import MLP, Dense, RMSNorm
+from ddlm_jax.models import layers, ssm
+from ddlm_jax.models.layers import MLP
 from ddlm_jax.models.transformer import (
   DTYPES,
   Block,
@@ -95,8 +95,8 @@ def hybrid_config(base: TransformerConfig, model_cfg) -> HybridConfig:
   return HybridConfig(base=base, **extra)
 
 
-class SSMLayer(nnx.Module):
-  """Pre-norm SSM mixer + MLP with residuals and optional adaLN modulation.
+class SSMLayer(layers.Block):
+  """`layers.Block` around an SSM mixer, with the config's MLP and adaLN.
 
   The mixer runs in float32 (complex states); its output is cast back to the
   compute dtype.
@@ -105,46 +105,22 @@ class SSMLayer(nnx.Module):
   def __init__(self, cfg: HybridConfig, *, rngs: nnx.Rngs):
     b = cfg.base
     dtype = DTYPES[b.dtype]
-    self.norm1 = RMSNorm(b.width, rngs=rngs)
-    self.mixer = ssm.make_mixer(
-      cfg.ssm_kind,
+    super().__init__(
       b.width,
-      state_size=cfg.state_size,
-      num_dict=cfg.num_dict,
-      bidirectional=not b.causal,
-      scan_impl=cfg.scan_impl,
+      lambda r: ssm.make_mixer(
+        cfg.ssm_kind,
+        b.width,
+        state_size=cfg.state_size,
+        num_dict=cfg.num_dict,
+        bidirectional=not b.causal,
+        scan_impl=cfg.scan_impl,
+        rngs=r,
+      ),
+      lambda r: MLP(b.width, b.hidden_dim, b.mlp_kind, rngs=r, dtype=dtype),
       rngs=rngs,
+      cond_dim=b.cond_dim if b.time_conditioning else 0,
+      mixer_dtype=jnp.float32,
     )
-    self.norm2 = RMSNorm(b.width, rngs=rngs)
-    self.mlp = MLP(b.width, b.hidden_dim, b.mlp_kind, rngs=rngs, dtype=dtype)
-    self.modulation = (
-      Dense(
-        (b.cond_dim,),
-        (6, b.width),
-        ('cond',),
-        ('modulation', 'embed'),
-        rngs=rngs,
-        init=nnx.initializers.zeros,
-      )
-      if b.time_conditioning
-      else None
-    )
-
-  def _mix(self, h_BxLxD: jax.Array) -> jax.Array:
-    return self.mixer(h_BxLxD.astype(jnp.float32)).astype(h_BxLxD.dtype)
-
-  def __call__(self, x_BxLxD: jax.Array, c_BxC: jax.Array | None):
-    if self.modulation is None:
-      x_BxLxD = x_BxLxD + self._mix(self.norm1(x_BxLxD))
-      return x_BxLxD + self.mlp(self.norm2(x_BxLxD))
-    mod_Bx6x1xD = self.modulation(c_BxC)[:, :, None, :].astype(x_BxLxD.dtype)
-    shift1, scale1, gate1, shift2, scale2, gate2 = [
-      mod_Bx6x1xD[:, i] for i in range(6)
-    ]
-    h = self.norm1(x_BxLxD) * (1 + scale1) + shift1
-    x_BxLxD = x_BxLxD + (1 + gate1) * self._mix(h)
-    h = self.norm2(x_BxLxD) * (1 + scale2) + shift2
-    return x_BxLxD + (1 + gate2) * self.mlp(h)
 
 
 class HybridTransformer(Transformer):

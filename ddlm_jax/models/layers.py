@@ -1,8 +1,14 @@
-"""Small NNX building blocks whose parameters carry logical axis names.
+"""The building blocks every model here is made of: Dense, RMSNorm, MLP, Block.
 
 Every parameter is created through `param`, which records logical axis names
-(`embed`, `mlp`, `heads`, ...) as the `out_sharding` metadata. Names are mapped
-to mesh axes later by `ddlm_jax.parallel.rules`; models never see mesh axes.
+(`embed`, `mlp`, `heads`, ...) as the `out_sharding` metadata (`axes_meta`)
+with `eager_sharding=False`, so modules build without a mesh. The names are
+mapped to mesh axes later by `ddlm_jax.parallel.rules` (`logical_names`,
+`logical_to_spec`); models never see mesh axes.
+
+Attribute names are parameter paths: the MLP and Block take the names their
+callers have always used (`up`/`gate`/`down` or `fc1`/`fc2`; `attn` or
+`mixer`), so checkpoints of every model keep loading.
 """
 
 from __future__ import annotations
@@ -16,6 +22,16 @@ from flax import nnx
 
 Initializer = Callable[..., jax.Array]
 
+# (input, gate, output) layer names of the two MLP layouts: the transformer's
+# SwiGLU / GELU MLP and the SSM stacks' biased two-layer GELU MLP.
+UP_GATE_DOWN = ('up', 'gate', 'down')
+FC1_FC2 = ('fc1', None, 'fc2')
+
+
+def axes_meta(*names: str | None) -> dict:
+  """Variable metadata attaching logical axis names (no eager sharding)."""
+  return {'out_sharding': tuple(names), 'eager_sharding': False}
+
 
 def param(
   rngs: nnx.Rngs,
@@ -24,15 +40,19 @@ def param(
   axes: Sequence[str | None],
   dtype=jnp.float32,
 ) -> nnx.Param:
-  """A parameter with logical axis names (no eager sharding)."""
+  """A parameter with logical axis names; draws one `rngs.params()` key."""
   if len(axes) != len(shape):
     raise ValueError(f'axes {axes} do not match shape {shape}.')
   value = init(rngs.params(), tuple(shape), dtype)
-  return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
+  return nnx.Param(value, **axes_meta(*axes))
 
 
 class Dense(nnx.Module):
-  """y = x @ W (+ b) over the last input axes; W has named axes."""
+  """y = x @ W (+ b) over the last input axes; W has named axes.
+
+  The default kernel init is normal(fan_in**-0.5); the SSM layers pass
+  LeCun-normal (`lecun_dense`). Keys are drawn kernel first, then bias.
+  """
 
   def __init__(
     self,
@@ -45,21 +65,26 @@ class Dense(nnx.Module):
     use_bias: bool = False,
     init: Initializer | None = None,
     dtype=jnp.float32,
+    param_dtype=jnp.float32,
   ):
     self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
-    fan_in = 1
-    for d in self.in_shape:
-      fan_in *= d
     if init is None:
-      init = nnx.initializers.normal(stddev=fan_in**-0.5)
+      init = nnx.initializers.normal(stddev=math.prod(self.in_shape) ** -0.5)
     self.kernel = param(
       rngs,
       init,
       self.in_shape + self.out_shape,
       tuple(in_axes) + tuple(out_axes),
+      param_dtype,
     )
     self.bias = (
-      param(rngs, nnx.initializers.zeros, self.out_shape, tuple(out_axes))
+      param(
+        rngs,
+        nnx.initializers.zeros,
+        self.out_shape,
+        tuple(out_axes),
+        param_dtype,
+      )
       if use_bias
       else None
     )
@@ -79,6 +104,31 @@ class Dense(nnx.Module):
     return y
 
 
+def lecun_dense(
+  d_in: int,
+  d_out: int,
+  axes: tuple[str | None, str | None],
+  *,
+  rngs: nnx.Rngs,
+  param_dtype=jnp.float32,
+) -> Dense:
+  """Biased d_in -> d_out Dense with a LeCun-normal kernel.
+
+  These are flax `nnx.Linear`'s defaults, with which the SSM layers and the
+  sequence classifier were first built; keeping them keeps their inits.
+  """
+  return Dense(
+    (d_in,),
+    (d_out,),
+    axes[:1],
+    axes[1:],
+    rngs=rngs,
+    use_bias=True,
+    init=nnx.initializers.lecun_normal(),
+    param_dtype=param_dtype,
+  )
+
+
 class RMSNorm(nnx.Module):
   """RMS normalisation over the last axis, computed in float32."""
 
@@ -94,28 +144,134 @@ class RMSNorm(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """SwiGLU or GELU feed-forward block."""
+  """Position-wise feed-forward block, dim -> hidden -> out_dim.
+
+  kind='swiglu': down(silu(gate(x)) * up(x)); kind='gelu': down(gelu(up(x))).
+  `names` are the (input, gate, output) attribute names, i.e. parameter
+  paths: `UP_GATE_DOWN` (transformer) or `FC1_FC2` (SSM stacks, GELU only).
+  `axes` are the logical names of (input, hidden, output).
+  """
 
   def __init__(
-    self, dim: int, hidden: int, kind: str, *, rngs: nnx.Rngs, dtype
+    self,
+    dim: int,
+    hidden: int,
+    kind: str,
+    *,
+    rngs: nnx.Rngs,
+    dtype=jnp.float32,
+    out_dim: int | None = None,
+    axes: tuple[str, str, str] = ('embed', 'mlp', 'embed'),
+    use_bias: bool = False,
+    init: Initializer | None = None,
+    param_dtype=jnp.float32,
+    names: tuple[str, str | None, str] = UP_GATE_DOWN,
   ):
     if kind not in ('swiglu', 'gelu'):
       raise ValueError(f"mlp kind {kind!r}; choose 'swiglu' or 'gelu'.")
-    self.kind = kind
+    if kind == 'swiglu' and names[1] is None:
+      raise ValueError(f'a SwiGLU MLP needs a gate layer name, got {names}.')
+    self.kind, self.names = kind, names
     dense = lambda i, o, ia, oa: Dense(
-      (i,), (o,), (ia,), (oa,), rngs=rngs, dtype=dtype
-    )
-    self.up = dense(dim, hidden, 'embed', 'mlp')
-    self.gate = dense(dim, hidden, 'embed', 'mlp') if kind == 'swiglu' else None
-    self.down = dense(hidden, dim, 'mlp', 'embed')
+      (i,), (o,), (ia,), (oa,), rngs=rngs, use_bias=use_bias, init=init,
+      dtype=dtype, param_dtype=param_dtype,
+    )  # fmt: skip
+    d_in, d_hidden, d_out = axes
+    out_dim = out_dim or dim
+    # Built in the order up, gate, down: the order the rngs are consumed.
+    setattr(self, names[0], dense(dim, hidden, d_in, d_hidden))
+    if kind == 'swiglu':
+      setattr(self, names[1], dense(dim, hidden, d_in, d_hidden))
+    setattr(self, names[2], dense(hidden, out_dim, d_hidden, d_out))
 
   def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
-    h_BxLxF = self.up(x_BxLxD)
-    if self.gate is not None:
-      h_BxLxF = jax.nn.silu(self.gate(x_BxLxD)) * h_BxLxF
+    up, gate, down = self.names
+    h_BxLxF = getattr(self, up)(x_BxLxD)
+    if self.kind == 'swiglu':
+      h_BxLxF = jax.nn.silu(getattr(self, gate)(x_BxLxD)) * h_BxLxF
     else:
       h_BxLxF = jax.nn.gelu(h_BxLxF)
-    return self.down(h_BxLxF)
+    return getattr(self, down)(h_BxLxF)
+
+
+class Block(nnx.Module):
+  """Pre-norm residual block: x + mixer(norm1(x)), then x + mlp(norm2(x)).
+
+  The one block of the transformer, the hybrid backbone and the sequence
+  classifier; subclasses only choose the mixer and the MLP. With
+  `cond_dim > 0` (adaLN time conditioning) a zero-initialised projection of
+  c_BxC gives a shift, scale and gate per branch,
+  x + (1 + gate) * f(norm(x) * (1 + scale) + shift), so a fresh block
+  ignores c. Submodules are built, and draw their keys, in the order norm1,
+  mixer, norm2, mlp, modulation; a mixer built by the caller before the
+  block (`make_mixer=lambda _: mixer`) draws its keys first.
+
+  Attributes:
+    mixer_name: attribute holding the mixer ('mixer', or 'attn' in the
+      transformer); it is the mixer's parameter path.
+    mixer_dtype: if set, the mixer runs in this dtype (SSM mixers keep their
+      complex state in float32) and its output is cast back.
+  """
+
+  def __init__(
+    self,
+    dim: int,
+    make_mixer: Callable[[nnx.Rngs], nnx.Module],
+    make_mlp: Callable[[nnx.Rngs], nnx.Module],
+    *,
+    rngs: nnx.Rngs,
+    cond_dim: int = 0,
+    mixer_name: str = 'mixer',
+    mixer_dtype=None,
+  ):
+    self.mixer_name, self.mixer_dtype = mixer_name, mixer_dtype
+    self.norm1 = RMSNorm(dim, rngs=rngs)
+    setattr(self, mixer_name, make_mixer(rngs))
+    self.norm2 = RMSNorm(dim, rngs=rngs)
+    self.mlp = make_mlp(rngs)
+    self.modulation = (
+      Dense(
+        (cond_dim,),
+        (6, dim),
+        ('cond',),
+        ('modulation', 'embed'),
+        rngs=rngs,
+        init=nnx.initializers.zeros,
+      )
+      if cond_dim
+      else None
+    )
+
+  def _mix(self, h_BxLxD: jax.Array, mask_BxL: jax.Array | None):
+    mixer = getattr(self, self.mixer_name)
+    call = lambda u: mixer(u) if mask_BxL is None else mixer(u, mask_BxL)
+    if self.mixer_dtype is None:
+      return call(h_BxLxD)
+    return call(h_BxLxD.astype(self.mixer_dtype)).astype(h_BxLxD.dtype)
+
+  def __call__(
+    self,
+    x_BxLxD: jax.Array,
+    c_BxC: jax.Array | None = None,
+    mask_BxL: jax.Array | None = None,
+  ) -> jax.Array:
+    """Block output; c_BxC is needed iff the block is time-conditioned.
+
+    mask_BxL (if given) is passed on to the mixer, as mixer(h, mask_BxL).
+    """
+    if self.modulation is None:
+      x_BxLxD = x_BxLxD + self._mix(self.norm1(x_BxLxD), mask_BxL)
+      return x_BxLxD + self.mlp(self.norm2(x_BxLxD))
+    if c_BxC is None:
+      raise ValueError('This block is time-conditioned: pass c_BxC.')
+    mod_Bx6x1xD = self.modulation(c_BxC)[:, :, None, :].astype(x_BxLxD.dtype)
+    shift1, scale1, gate1, shift2, scale2, gate2 = [
+      mod_Bx6x1xD[:, i] for i in range(6)
+    ]
+    h = self.norm1(x_BxLxD) * (1 + scale1) + shift1
+    x_BxLxD = x_BxLxD + (1 + gate1) * self._mix(h, mask_BxL)
+    h = self.norm2(x_BxLxD) * (1 + scale2) + shift2
+    return x_BxLxD + (1 + gate2) * self.mlp(h)
 
 
 def sinusoidal_embedding(t_B: jax.Array, dim: int, max_period=10_000.0):

@@ -12,6 +12,7 @@ baselines: call ``register_mixer(name, factory)`` with
 returns y_BxLxD; ``ClassifierConfig(mixer=name)`` then works unchanged. A
 mixer is wrapped in ``ssm.SSMBlock`` (pre-norm residual + MLP) unless it is
 registered with ``full_block=True``: then the factory builds the whole block.
+Both kinds of block are ``layers.Block`` (pre-norm mixer and MLP residuals).
 Extra mixer options travel in ``ClassifierConfig.mixer_kwargs``.
 
 'transformer' is the suite's own ``transformer.Block`` (RMSNorm, causal
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ddlm_jax.models import ssm, transformer
+from ddlm_jax.models import layers, ssm, transformer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,20 +187,16 @@ class SequenceClassifier(nnx.Module):
       config.vocab_size,
       D,
       embedding_init=nnx.initializers.normal(1.0),
-      embedding_metadata=ssm.axes_meta('vocab', 'embed'),
+      embedding_metadata=layers.axes_meta('vocab', 'embed'),
       rngs=rngs,
     )
     self.blocks = nnx.List(
       [_make_block(config, rngs) for _ in range(config.num_layers)]
     )
-    self.norm = ssm.rms_norm(D, rngs)
+    self.norm = layers.RMSNorm(D, rngs=rngs)
     # The class axis reuses the 'vocab' logical name (output vocabulary).
-    self.head = nnx.Linear(
-      D,
-      config.num_classes,
-      kernel_metadata=ssm.axes_meta('embed', 'vocab'),
-      bias_metadata=ssm.axes_meta('vocab'),
-      rngs=rngs,
+    self.head = layers.lecun_dense(
+      D, config.num_classes, ('embed', 'vocab'), rngs=rngs
     )
 
   def features(self, tokens_BxL: jax.Array, lengths_B: jax.Array) -> jax.Array:

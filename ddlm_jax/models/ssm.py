@@ -23,19 +23,22 @@ step dt_t = softplus(W u_t + b), decay a_t = exp(-dt_t * exp(log_rate)) in
 (0, 1) and input dt_t * (B u_t) (one state vector shared by all channels,
 not Mamba's per-channel SISO heads).
 
-``SSMBlock`` is a pre-norm residual block: x + mixer(norm(x)), then
-x + MLP(norm(x)). ``BidirectionalMixer`` runs a forward and a reverse mixer
-and combines them (sum, or concat + projection) for bidirectional diffusion
-denoisers. ``LSTMMixer`` wraps ``nnx.RNN(nnx.OptimizedLSTMCell)``.
+``SSMBlock`` is ``layers.Block`` (x + mixer(norm(x), mask), then
+x + MLP(norm(x))) with the biased GELU MLP of these stacks (``fc_mlp``).
+``BidirectionalMixer`` runs a forward and a reverse mixer and combines them
+(sum, or concat + projection) for bidirectional diffusion denoisers.
+``LSTMMixer`` wraps ``nnx.RNN(nnx.OptimizedLSTMCell)``. The straight-through
+hardmax (``column_onehot_st`` and friends) lives in ``hardmax``.
 
 Every mixer maps x_BxLxD -> y_BxLxD and takes an optional boolean
 ``mask_BxL``; masked steps become identity transitions with zero input, so a
 right-padded tail does not leak into a reverse scan.
 
-Parameters carry logical axis names (``LOGICAL_AXES``) as
-``out_sharding`` metadata with ``eager_sharding=False``: modules can be
-built without a mesh, and ``nnx.get_partition_spec`` under
-``nnx.logical_axis_rules`` maps the names onto mesh axes.
+Parameters carry logical axis names ('embed', 'mlp', 'state', 'dict' for
+the PD-SSM dictionary axis K, ...) as ``out_sharding`` metadata with
+``eager_sharding=False`` (``layers.param``): modules build without a mesh,
+and ``ddlm_jax.parallel.rules`` maps the names onto mesh axes. Dense layers
+are ``layers.lecun_dense`` (biased, LeCun-normal init).
 """
 
 from __future__ import annotations
@@ -49,12 +52,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 import pallas_kernels
+from ddlm_jax.models import layers
+from ddlm_jax.models.hardmax import column_argmax, column_softmax
+from ddlm_jax.models.layers import axes_meta, lecun_dense, param
 
-# Logical axis names used by the parameters of this module and of
-# sequence_classifier ('dict' is the PD-SSM dictionary axis K; 'vocab' also
-# names the class axis of the classifier head). The project-wide name 'heads'
-# is not used here. None in a name tuple means replicated.
-LOGICAL_AXES = ('embed', 'mlp', 'vocab', 'state', 'dict')
 MODES = ('pdssm', 'complex_diag', 'selective_diag')
 SCAN_IMPLS = ('auto', 'reference', 'xla', 'pallas', 'interpret')
 # h_0 of the scans: 'zeros', or 'onehot' = e_0 (the PD-SSM authors' released
@@ -64,70 +65,8 @@ INITIAL_STATES = ('zeros', 'onehot')
 COMBINES = ('sum', 'concat')
 
 
-def axes_meta(*names: str | None) -> dict:
-  """Variable metadata attaching logical axis names (no eager sharding)."""
-  for n in names:
-    if n is not None and n not in LOGICAL_AXES:
-      raise ValueError(f'unknown logical axis {n!r}; use {LOGICAL_AXES}.')
-  return {'out_sharding': tuple(names), 'eager_sharding': False}
-
-
-def _param(
-  rngs: nnx.Rngs,
-  init: Callable,
-  shape: tuple[int, ...],
-  names,
-  param_dtype=jnp.float32,
-) -> nnx.Param:
-  return nnx.Param(init(rngs.params(), shape, param_dtype), **axes_meta(*names))
-
-
-def _linear(
-  d_in: int,
-  d_out: int,
-  names: tuple[str | None, str | None],
-  rngs: nnx.Rngs,
-  *,
-  use_bias: bool = True,
-  kernel_init: Callable | None = None,
-  param_dtype=jnp.float32,
-) -> nnx.Linear:
-  kernel_init = kernel_init or nnx.initializers.lecun_normal()
-  return nnx.Linear(
-    d_in,
-    d_out,
-    use_bias=use_bias,
-    kernel_init=kernel_init,
-    param_dtype=param_dtype,
-    kernel_metadata=axes_meta(*names),
-    bias_metadata=axes_meta(names[1]),
-    rngs=rngs,
-  )
-
-
 # ----------------------------------------------------------------------------
 # Pure math.
-
-
-def column_argmax(m_xNxN: jax.Array) -> jax.Array:
-  """Row index of each column's maximum: p[..., j] = argmax_i m[..., i, j]."""
-  return jnp.argmax(m_xNxN, axis=-2).astype(jnp.int32)
-
-
-def column_softmax(m_xNxN: jax.Array, temperature: float = 1.0) -> jax.Array:
-  """Softmax over rows, independently for each column."""
-  return jax.nn.softmax(m_xNxN / temperature, axis=-2)
-
-
-def column_onehot_st(m_xNxN: jax.Array, temperature: float = 1.0) -> jax.Array:
-  """Dense straight-through P: one-hot columns forward, column-softmax grad.
-
-  Used by references and tests; the layer never forms P densely in its scan
-  (see ``pd_scan_st``).
-  """
-  soft = column_softmax(m_xNxN, temperature)
-  hard = jax.nn.one_hot(column_argmax(m_xNxN), m_xNxN.shape[-2], axis=-2)
-  return hard + (soft - jax.lax.stop_gradient(soft))  # exact forward
 
 
 def pd_to_dense(p_idx_xN: jax.Array, d_xN: jax.Array) -> jax.Array:
@@ -162,8 +101,8 @@ def pd_scan_st(
   Backward: gradients for d, b, h0 come from pd_scan's own VJP; the
   cotangent of ``soft`` is that of a dense P_t at the hardened value,
   dL/dP_t[i, j] = Re(lam_t[i] * d_t[j] * h_{t-1}[j]) with lam_t = dL/db_t,
-  i.e. exactly what ``column_onehot_st`` gives when ``soft`` is the column
-  softmax.
+  i.e. exactly what ``hardmax.column_onehot_st`` gives when ``soft`` is the
+  column softmax.
 
   Args:
     soft_BxLxNxN: real relaxed transition (column-stochastic in the layer).
@@ -208,27 +147,32 @@ pd_scan_st.defvjp(_pd_scan_st_fwd, _pd_scan_st_bwd)
 # Layers.
 
 
-class GateMLP(nnx.Module):
-  """Two-layer MLP u_D -> N (GELU) producing pre-activations of D_t."""
+def fc_mlp(
+  d_in: int,
+  hidden: int,
+  d_out: int,
+  out_axis: str,
+  *,
+  rngs: nnx.Rngs,
+  param_dtype=jnp.float32,
+) -> layers.MLP:
+  """Biased two-layer GELU MLP (fc1, fc2), d_in -> hidden -> d_out.
 
-  def __init__(
-    self,
-    d_in: int,
-    hidden: int,
-    d_out: int,
-    *,
-    rngs: nnx.Rngs,
-    param_dtype=jnp.float32,
-  ):
-    self.fc1 = _linear(
-      d_in, hidden, ('embed', 'mlp'), rngs, param_dtype=param_dtype
-    )
-    self.fc2 = _linear(
-      hidden, d_out, ('mlp', 'state'), rngs, param_dtype=param_dtype
-    )
-
-  def __call__(self, u_BxLxD: jax.Array) -> jax.Array:
-    return self.fc2(jax.nn.gelu(self.fc1(u_BxLxD)))
+  The gate MLPs of D_t (out_axis 'state') and the MLP of ``SSMBlock``
+  (out_axis 'embed').
+  """
+  return layers.MLP(
+    d_in,
+    hidden,
+    'gelu',
+    rngs=rngs,
+    out_dim=d_out,
+    axes=('embed', 'mlp', out_axis),
+    use_bias=True,
+    init=nnx.initializers.lecun_normal(),
+    param_dtype=param_dtype,
+    names=layers.FC1_FC2,
+  )
 
 
 class SSMMixer(nnx.Module):
@@ -286,31 +230,23 @@ class SSMMixer(nnx.Module):
     self.st_temperature = float(st_temperature)
     self.max_magnitude = float(max_magnitude)
     self.initial_state = initial_state
-    normal = nnx.initializers.normal
     pd = dict(param_dtype=param_dtype)
+    # normal(fan**-0.5) parameters, drawn in the order written here.
+    normal = lambda fan, shape, axes: param(
+      rngs, nnx.initializers.normal(1 / math.sqrt(fan)), shape, axes,
+      param_dtype,
+    )  # fmt: skip
     if mode == 'pdssm':
-      self.select = _linear(D, num_dict, ('embed', 'dict'), rngs, **pd)
-      self.dictionary = _param(
-        rngs,
-        normal(1.0 / math.sqrt(N)),
-        (num_dict, N, N),
-        ('dict', 'state', None),
-        **pd,
-      )
+      self.select = lecun_dense(D, num_dict, ('embed', 'dict'), rngs=rngs, **pd)
+      self.dictionary = normal(N, (num_dict, N, N), ('dict', 'state', None))
     if mode in ('pdssm', 'complex_diag'):
-      self.mag_mlp = GateMLP(D, H, N, rngs=rngs, **pd)
-      self.phase_mlp = GateMLP(D, H, N, rngs=rngs, **pd)
-      self.B_re = _param(
-        rngs, normal(1 / math.sqrt(D)), (D, N), ('embed', 'state'), **pd
-      )
-      self.B_im = _param(
-        rngs, normal(1 / math.sqrt(D)), (D, N), ('embed', 'state'), **pd
-      )
-      self.C_im = _param(
-        rngs, normal(1 / math.sqrt(N)), (N, D), ('state', 'embed'), **pd
-      )
+      self.mag_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)
+      self.phase_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)
+      self.B_re = normal(D, (D, N), ('embed', 'state'))
+      self.B_im = normal(D, (D, N), ('embed', 'state'))
+      self.C_im = normal(N, (N, D), ('state', 'embed'))
     else:
-      self.dt_proj = _linear(D, N, ('embed', 'state'), rngs, **pd)
+      self.dt_proj = lecun_dense(D, N, ('embed', 'state'), rngs=rngs, **pd)
       # Mamba-style init: dt log-uniform in [1e-3, 1e-1], rates 1..N.
       dt = jnp.exp(
         jax.random.uniform(rngs.params(), (N,))
@@ -324,12 +260,8 @@ class SSMMixer(nnx.Module):
         jnp.log(jnp.arange(1, N + 1, dtype=param_dtype)),
         **axes_meta('state'),
       )
-      self.B_re = _param(
-        rngs, normal(1 / math.sqrt(D)), (D, N), ('embed', 'state'), **pd
-      )
-    self.C_re = _param(
-      rngs, normal(1 / math.sqrt(N)), (N, D), ('state', 'embed'), **pd
-    )
+      self.B_re = normal(D, (D, N), ('embed', 'state'))
+    self.C_re = normal(N, (N, D), ('state', 'embed'))
     self.d_skip = nnx.Param(jnp.ones((D,), param_dtype), **axes_meta('embed'))
 
   # -- transitions -----------------------------------------------------------
@@ -444,7 +376,9 @@ class LSTMMixer(nnx.Module):
     )
     self.rnn = nnx.RNN(cell, reverse=reverse, keep_order=True, rngs=False)
     self.out = (
-      _linear(H, d_model, ('mlp', 'embed'), rngs, param_dtype=param_dtype)
+      lecun_dense(
+        H, d_model, ('mlp', 'embed'), rngs=rngs, param_dtype=param_dtype
+      )
       if H != d_model
       else None
     )
@@ -482,7 +416,7 @@ class BidirectionalMixer(nnx.Module):
     self.fwd = make(False, rngs)
     self.bwd = make(True, rngs)
     self.proj = (
-      _linear(2 * d_model, d_model, ('mlp', 'embed'), rngs)
+      lecun_dense(2 * d_model, d_model, ('mlp', 'embed'), rngs=rngs)
       if combine == 'concat'
       else None
     )
@@ -497,33 +431,14 @@ class BidirectionalMixer(nnx.Module):
     return self.proj(jnp.concatenate([y_f, y_b], axis=-1))
 
 
-class MLP(nnx.Module):
-  """Position-wise GELU MLP, D -> F -> D."""
+class SSMBlock(layers.Block):
+  """``layers.Block`` around any mixer, called as block(x, mask_BxL).
 
-  def __init__(
-    self, d_model: int, hidden: int, *, rngs: nnx.Rngs, param_dtype=jnp.float32
-  ):
-    self.fc1 = _linear(
-      d_model, hidden, ('embed', 'mlp'), rngs, param_dtype=param_dtype
-    )
-    self.fc2 = _linear(
-      hidden, d_model, ('mlp', 'embed'), rngs, param_dtype=param_dtype
-    )
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    return self.fc2(jax.nn.gelu(self.fc1(x)))
-
-
-def rms_norm(d_model: int, rngs: nnx.Rngs) -> nnx.RMSNorm:
-  return nnx.RMSNorm(d_model, scale_metadata=axes_meta('embed'), rngs=rngs)
-
-
-class SSMBlock(nnx.Module):
-  """Pre-norm residual block around any mixer.
-
-  x <- x + mixer(norm1(x), mask); x <- x + MLP(norm2(x)). The paper describes
-  "SSM, then norm and an MLP with residual"; we put a residual and a pre-norm
-  around the mixer as well, the usual stable choice for stacked blocks.
+  x <- x + mixer(norm1(x), mask); x <- x + MLP(norm2(x)), with the biased
+  GELU ``fc_mlp`` of hidden width mlp_ratio * D. The paper describes "SSM,
+  then norm and an MLP with residual"; we put a residual and a pre-norm
+  around the mixer as well, the usual stable choice for stacked blocks. The
+  mixer is built by the caller, so it draws its rngs keys before the norms.
   """
 
   def __init__(
@@ -534,16 +449,18 @@ class SSMBlock(nnx.Module):
     mlp_ratio: float = 2.0,
     rngs: nnx.Rngs,
   ):
-    self.norm1 = rms_norm(d_model, rngs)
-    self.mixer = mixer
-    self.norm2 = rms_norm(d_model, rngs)
-    self.mlp = MLP(d_model, max(1, int(mlp_ratio * d_model)), rngs=rngs)
+    hidden = max(1, int(mlp_ratio * d_model))
+    super().__init__(
+      d_model,
+      lambda _: mixer,
+      lambda r: fc_mlp(d_model, hidden, d_model, 'embed', rngs=r),
+      rngs=rngs,
+    )
 
   def __call__(
     self, x_BxLxD: jax.Array, mask_BxL: jax.Array | None = None
   ) -> jax.Array:
-    x_BxLxD = x_BxLxD + self.mixer(self.norm1(x_BxLxD), mask_BxL)
-    return x_BxLxD + self.mlp(self.norm2(x_BxLxD))
+    return super().__call__(x_BxLxD, mask_BxL=mask_BxL)
 
 
 def make_mixer(

@@ -1,9 +1,10 @@
 """Transformer backbone shared by masked diffusion and the AR twin.
 
-Pre-norm blocks with rotary positions, SwiGLU or GELU MLPs, bidirectional or
-causal attention, optional adaLN time conditioning, tied or untied head. The
-forward pass is split (`embed`, `backbone`, `head`) so input layers such as
-soft-masking can replace the embedding and planners can read hidden states.
+Pre-norm blocks (`layers.Block`) with rotary positions, SwiGLU or GELU MLPs,
+bidirectional or causal attention, optional adaLN time conditioning, tied or
+untied head. The forward pass is split (`embed`, `backbone`, `logits`) so
+input layers such as soft-masking can replace the embedding and planners can
+read hidden states.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ddlm_jax.models import layers
 from ddlm_jax.models.attention import ATTENTION_IMPLS, SelfAttention
 from ddlm_jax.models.layers import (
   MLP,
@@ -69,50 +71,29 @@ class TransformerConfig:
     return 4 * self.width
 
 
-class Block(nnx.Module):
-  """Pre-norm attention + MLP, with optional adaLN modulation."""
+class Block(layers.Block):
+  """`layers.Block` with rotary self-attention (`attn`) and the config's MLP."""
 
   def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
     dtype = DTYPES[cfg.dtype]
-    self.norm1 = RMSNorm(cfg.width, rngs=rngs)
-    self.attn = SelfAttention(
+    super().__init__(
       cfg.width,
-      cfg.num_heads,
-      causal=cfg.causal,
-      impl=cfg.attention_impl,
-      rope_theta=cfg.rope_theta,
+      lambda r: SelfAttention(
+        cfg.width,
+        cfg.num_heads,
+        causal=cfg.causal,
+        impl=cfg.attention_impl,
+        rope_theta=cfg.rope_theta,
+        rngs=r,
+        dtype=dtype,
+      ),
+      lambda r: MLP(
+        cfg.width, cfg.hidden_dim, cfg.mlp_kind, rngs=r, dtype=dtype
+      ),
       rngs=rngs,
-      dtype=dtype,
+      cond_dim=cfg.cond_dim if cfg.time_conditioning else 0,
+      mixer_name='attn',
     )
-    self.norm2 = RMSNorm(cfg.width, rngs=rngs)
-    self.mlp = MLP(
-      cfg.width, cfg.hidden_dim, cfg.mlp_kind, rngs=rngs, dtype=dtype
-    )
-    self.modulation = (
-      Dense(
-        (cfg.cond_dim,),
-        (6, cfg.width),
-        ('cond',),
-        ('modulation', 'embed'),
-        rngs=rngs,
-        init=nnx.initializers.zeros,
-      )
-      if cfg.time_conditioning
-      else None
-    )
-
-  def __call__(self, x_BxLxD: jax.Array, c_BxC: jax.Array | None):
-    if self.modulation is None:
-      x_BxLxD = x_BxLxD + self.attn(self.norm1(x_BxLxD))
-      return x_BxLxD + self.mlp(self.norm2(x_BxLxD))
-    mod_Bx6x1xD = self.modulation(c_BxC)[:, :, None, :].astype(x_BxLxD.dtype)
-    shift1, scale1, gate1, shift2, scale2, gate2 = [
-      mod_Bx6x1xD[:, i] for i in range(6)
-    ]
-    h = self.norm1(x_BxLxD) * (1 + scale1) + shift1
-    x_BxLxD = x_BxLxD + (1 + gate1) * self.attn(h)
-    h = self.norm2(x_BxLxD) * (1 + scale2) + shift2
-    return x_BxLxD + (1 + gate2) * self.mlp(h)
 
 
 class Transformer(nnx.Module):

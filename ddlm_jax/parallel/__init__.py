@@ -6,7 +6,6 @@ from ddlm_jax.parallel.rules import (
   batch_sharding,
   logical_to_spec,
   replicated,
-  state_shardings,
 )
 
 __all__ = [
@@ -17,5 +16,4 @@ __all__ = [
   'logical_to_spec',
   'make_mesh',
   'replicated',
-  'state_shardings',
 ]

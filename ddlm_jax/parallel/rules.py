@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import jax
-from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -70,19 +69,6 @@ def logical_to_spec(
 def logical_names(variable) -> tuple:
   """The logical axis names recorded on an nnx Variable (or ())."""
   return tuple(variable.get_metadata().get('out_sharding') or ())
-
-
-def state_shardings(state, mesh, rules: Mapping = DEFAULT_RULES):
-  """NamedShardings for an nnx State of (abstract) Variables."""
-
-  def one(variable):
-    names = logical_names(variable)
-    shape = variable.shape
-    if len(names) != len(shape):
-      names = (None,) * len(shape)
-    return NamedSharding(mesh, logical_to_spec(names, shape, mesh, rules))
-
-  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def batch_sharding(mesh, rules: Mapping = DEFAULT_RULES) -> NamedSharding:

@@ -24,17 +24,14 @@ accuracy, planner NFE, plan and execution tokens, and FLOPs per problem.
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from ddlm_jax.data import reasoning as rs
@@ -43,7 +40,11 @@ from ddlm_jax.diffusion.masked import token_cross_entropy
 from ddlm_jax.planning import conditional, layout, pipelines
 from ddlm_jax.planning import models as pm
 from ddlm_jax.sampling.registry import get_sampler, parse_spec, sampler_params
-from ddlm_jax.training import checkpoint, metrics, optimizer
+from ddlm_jax.training import config as config_lib
+from ddlm_jax.training import metrics
+from ddlm_jax.training.config import TrainerConfig
+from ddlm_jax.training.fit import Task, fit
+from ddlm_jax.training.workdir_lock import WorkdirLock
 
 ROLES = ('planner', 'direct', 'cot', 'text')
 NEEDS = {
@@ -53,13 +54,6 @@ NEEDS = {
   'latent': ('planner', 'text'),
 }
 _FAST_COMPILE = pipelines.FAST_COMPILE
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
 
 
 def check_config(config) -> None:
@@ -86,6 +80,7 @@ def check_config(config) -> None:
     b = config[block]
     if b.steps < 1 or b.batch_size < 1:
       raise ValueError(f'{block}.steps and {block}.batch_size must be >= 1.')
+    stage_trainer_config(config, block)  # Ranges, before any stage runs.
   if t.num_test_per_level < 1 or config.eval.batch_size < 1:
     raise ValueError(
       'reasoning.num_test_per_level, eval.batch_size must be >= 1.'
@@ -208,37 +203,37 @@ def num_steps(config, block) -> int:
   return min(int(block.steps), cap) if cap > 0 else int(block.steps)
 
 
-def _optimizer(config, block):
-  o = config.optim
+def stage_trainer_config(config, block_key: str) -> TrainerConfig:
+  """Loop settings of one stage, from its config block: 'planner',
+  'executor' (every executor) or 'latent' (the projector)."""
+  o, tr, block = config.optim, config.train, config[block_key]
   steps = num_steps(config, block)
-  return optimizer.make_optimizer(
-    learning_rate=block.learning_rate,
-    warmup_steps=int(round(o.warmup_fraction * steps)),
-    total_steps=steps,
-    weight_decay=o.weight_decay,
-    grad_clip=o.grad_clip,
-    final_lr_fraction=o.final_lr_fraction,
+  return config_lib.trainer_config(
+    num_steps=steps,
+    seed=config.seed,
+    log_every=tr.log_every,
+    checkpoint_every=tr.checkpoint_every,
+    max_checkpoints=1,
+    halt_after_steps=int(tr.get('halt_after_steps', 0)),
+    fast_compile=bool(tr.fast_compile),
+    optimizer=config_lib.optimizer_config(
+      learning_rate=block.learning_rate,
+      lr_key=f'{block_key}.learning_rate',
+      warmup_steps=int(round(o.warmup_fraction * steps)),
+      total_steps=steps,
+      weight_decay=o.weight_decay,
+      grad_clip=o.grad_clip,
+      final_lr_fraction=o.final_lr_fraction,
+    ),
   )
 
 
-def make_train_step(loss_fn: Callable, tx, seed: int, fast_compile=False):
-  """Jitted (state, batch) -> (state, metrics); key = fold_in(seed, step)."""
+class StageNotFinishedError(RuntimeError):
+  """A stage stopped before its last step (halt_after_steps, preemption)."""
 
-  def step(state: TrainState, batch):
-    key = jax.random.fold_in(jax.random.key(seed), state.step)
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-      state.params, key, batch
-    )
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new = TrainState(state.step + 1, params, opt_state)
-    return new, {'loss': loss, **aux}
-
-  return jax.jit(
-    step,
-    donate_argnums=0,
-    compiler_options=_FAST_COMPILE if fast_compile else None,
-  )
+  def __init__(self, name: str, summary: dict):
+    super().__init__(f'{name}: stopped at step {summary.get("steps")}')
+    self.name, self.summary = name, summary
 
 
 def train(
@@ -248,72 +243,47 @@ def train(
   loss_fn: Callable,
   batches: Callable[[int], Iterator[dict]],
   config,
-  block,
+  block_key: str,
 ) -> dict:
-  """Trains `params` for num_steps(config, block) steps; resumable.
+  """Trains `params` for the steps of config[block_key]; resumable.
+
+  One task of the shared loop (training.fit) in its own folder
+  (checkpoints, metrics.jsonl, summary.json).
 
   Args:
     name: label for the progress lines.
-    directory: the run's folder (checkpoints, metrics.jsonl, done.json).
+    directory: the stage's folder.
     params: initial parameters (ignored when a checkpoint exists).
     loss_fn: loss(params, key, batch) -> (loss, metrics).
-    batches: batches(start_step) -> iterator of jnp-ready batches.
-    config: the full config (optim, train blocks); block: steps, lr, batch.
+    batches: batches(start_step) -> iterator of host batches.
+    config: the full config (optim, train blocks).
+    block_key: the stage's block ('planner', 'executor', 'latent'):
+      steps, learning rate, batch size.
 
   Returns:
-    The trained parameters.
+    The trained parameters; raises StageNotFinishedError when the stage halted
+    or was preempted before its last step.
   """
-  os.makedirs(directory, exist_ok=True)
-  params = jax.tree.map(jnp.copy, params)  # the caller's arrays stay valid
-  tx, schedule = _optimizer(config, block)
-  state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  ckpt = checkpoint.Checkpointer(
-    os.path.join(directory, 'checkpoints'), max_to_keep=1
+  initial = jax.tree.map(jnp.copy, params)  # the caller's arrays stay valid
+  trained = {}
+
+  def summary(result):
+    trained['params'] = result.state.params
+    return {'stage': name}
+
+  task = Task(
+    name=name,
+    init=lambda key: initial,
+    loss=loss_fn,
+    batches=batches,
+    summary=summary,
+    shown=('loss', 'answer_acc', 'nelbo_per_token'),
+    log_window_mean=True,
   )
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree.map(
-    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state
-  )
-  restored = ckpt.restore_latest(abstract)
-  if restored is not None:
-    state = restored[0]
-  start, total = int(state.step), num_steps(config, block)
-  if start >= total:
-    ckpt.close()
-    return state.params
-  if start:
-    print(f'{name}: resumed at step {start}', flush=True)
-  step_fn = make_train_step(
-    loss_fn, tx, config.seed, bool(config.train.fast_compile)
-  )
-  writer = metrics.MetricsWriter(directory)
-  stream = batches(start)
-  first = next(stream)
-  tokens = int(np.asarray(first['x']).size)
-  stream = itertools.chain([first], stream)
-  progress = metrics.Progress(total, tokens)
-  progress.start(start)
-  window = []
-  tr = config.train
-  for step in range(start + 1, total + 1):
-    state, m = step_fn(state, next(stream))
-    window.append(m)
-    last = step == total
-    if step % tr.log_every == 0 or last:
-      mean = {k: float(np.mean([w[k] for w in window])) for k in window[0]}
-      if not np.isfinite(mean['loss']):
-        raise FloatingPointError(
-          f'{name}: non-finite loss at step {step}; lower the learning rate.'
-        )
-      mean['lr'] = float(schedule(step))
-      window = []
-      rates = progress.report(step, mean, extra=name)
-      writer.write(step, 'train', {**mean, **rates})
-    if step % tr.checkpoint_every == 0 or last:
-      ckpt.save(step, state, {'batches': step})
-  ckpt.close()
-  writer.close()
-  return state.params
+  out = fit(task, stage_trainer_config(config, block_key), directory)
+  if not out.get('finished'):
+    raise StageNotFinishedError(name, out)
+  return trained['params']
 
 
 def _task_stream(config, block, start: int) -> Iterator[dict]:
@@ -349,7 +319,7 @@ def train_role(config, role: str, models_dir: str) -> tuple[Any, dict]:
     role_loss(role, graphdef, plan_len, config.planner.loss_type),
     batches,
     config,
-    block,
+    'planner' if role == 'planner' else 'executor',
   )
   if role == 'planner':
     path = os.path.join(directory, 'validation.json')
@@ -512,7 +482,7 @@ def train_projector(config, workdir: str, graphdefs: dict, params: dict):
     projector_loss(graphdefs, frozen, spec.plan_len),
     batches,
     config,
-    lat,
+    'latent',
   )
   return graphdefs, {**params, **trained}
 
@@ -612,17 +582,71 @@ def load_models(config, models_dir: str) -> tuple[dict, dict]:
   return graphdefs, params
 
 
-def run_planner_executor(config, workdir: str) -> dict:
-  """Trains what the pipeline needs, evaluates it, writes summary.json."""
+def stage_dirs(config, workdir: str) -> dict[str, tuple[str, int]]:
+  """{stage: (folder, steps)} of every model the pipeline trains."""
+  models_dir = config.models_dir or os.path.join(workdir, 'models')
+  out = {}
+  for role in NEEDS[config.pipeline]:
+    block = config.planner if role == 'planner' else config.executor
+    out[role] = (os.path.join(models_dir, role), num_steps(config, block))
+  if config.pipeline == 'latent':
+    out['projector'] = (
+      os.path.join(workdir, 'projector'),
+      num_steps(config, config.latent),
+    )
+  return out
+
+
+def check_trained(config, workdir: str) -> None:
+  """--mode=eval: every stage must have its final checkpoint already."""
+  for stage, (folder, steps) in stage_dirs(config, workdir).items():
+    if not os.path.isdir(os.path.join(folder, 'checkpoints', str(steps))):
+      raise FileNotFoundError(
+        f'--mode=eval: the {stage} stage has no final checkpoint (step '
+        f'{steps}) in {folder}/checkpoints; train first (--mode=train).'
+      )
+
+
+def run_planner_executor(config, workdir: str, *, mode: str = 'train'):
+  """Trains what the pipeline needs, evaluates it, writes summary.json.
+
+  mode 'eval' only evaluates: every stage must be trained already.
+  A stage that halts (train.halt_after_steps) or is preempted stops the
+  pipeline before evaluation; starting again resumes it.
+  """
   check_config(config)
+  if mode not in ('train', 'eval'):
+    raise ValueError(
+      f'planner/executor configs run --mode=train or eval, not {mode!r}.'
+    )
+  if mode == 'eval':
+    check_trained(config, workdir)
+  with WorkdirLock(workdir):
+    return _run_pipeline(config, workdir)
+
+
+def _run_pipeline(config, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   metrics.write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   t0 = time.time()
   models_dir = config.models_dir or os.path.join(workdir, 'models')
   spec = pipeline_spec(config)
-  graphdefs, params = load_models(config, models_dir)
-  if spec.name == 'latent':
-    graphdefs, params = train_projector(config, workdir, graphdefs, params)
+  try:
+    graphdefs, params = load_models(config, models_dir)
+    if spec.name == 'latent':
+      graphdefs, params = train_projector(config, workdir, graphdefs, params)
+  except StageNotFinishedError as stop:
+    print(f'{stop}; start again to resume.', flush=True)
+    return {
+      'status': stop.summary.get('status', 'halted'),
+      'stage': stop.name,
+      'steps': stop.summary.get('steps'),
+      **(
+        {'preempted_at_step': stop.summary['preempted_at_step']}
+        if 'preempted_at_step' in stop.summary
+        else {}
+      ),
+    }
   t1 = time.time()
   result = evaluate(config, spec, graphdefs, params)
   summary = {

@@ -27,6 +27,25 @@ import jax.numpy as jnp
 from ddlm_jax.sampling.common import check_process, initial_state
 
 
+def build(samplers: dict, name: str, **params):
+  """samplers[name](**params); a bad name or parameter raises ValueError.
+
+  The table is an argument so that semi_ar can build its inner sampler from
+  the samplers below it without importing the registry, which imports it.
+  """
+  if name not in samplers:
+    raise ValueError(
+      f'unknown sampler {name!r}; choose one of {sorted(samplers)}.'
+    )
+  allowed = tuple(f.name for f in dataclasses.fields(samplers[name]))
+  unknown = sorted(set(params) - set(allowed))
+  if unknown:
+    raise ValueError(
+      f'sampler {name!r} does not take {unknown}; it takes {list(allowed)}.'
+    )
+  return samplers[name](**params)
+
+
 def require_int(name: str, value, minimum: int) -> int:
   if isinstance(value, bool) or int(value) != value or value < minimum:
     raise ValueError(f'{name} must be an integer >= {minimum}, got {value!r}.')

@@ -15,28 +15,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from ddlm_jax.sampling.ancestral import AncestralSampler
-from ddlm_jax.sampling.base import Sampler
-from ddlm_jax.sampling.remdm import ReMDMSampler
-from ddlm_jax.sampling.scheduling import ScheduledSampler
-from ddlm_jax.sampling.semi_ar import SemiARSampler
-from ddlm_jax.sampling.unmasking import (
-  ConfidenceSampler,
-  EBSampler,
-  FirstHittingSampler,
-)
+from ddlm_jax.sampling.base import Sampler, build
+from ddlm_jax.sampling.semi_ar import INNER_SAMPLERS, SemiARSampler
 
 SAMPLERS: dict[str, type[Sampler]] = {
-  cls.name: cls
-  for cls in (
-    AncestralSampler,
-    FirstHittingSampler,
-    ConfidenceSampler,
-    EBSampler,
-    ReMDMSampler,
-    SemiARSampler,
-    ScheduledSampler,
-  )
+  **INNER_SAMPLERS,
+  SemiARSampler.name: SemiARSampler,
 }
 
 
@@ -55,14 +39,7 @@ def _check_name(name: str):
 
 def get_sampler(name: str, **params) -> Sampler:
   """Builds sampler `name`; unknown or invalid parameters raise ValueError."""
-  _check_name(name)
-  allowed = sampler_params(name)
-  unknown = sorted(set(params) - set(allowed))
-  if unknown:
-    raise ValueError(
-      f'sampler {name!r} does not take {unknown}; it takes {list(allowed)}.'
-    )
-  return SAMPLERS[name](**params)
+  return build(SAMPLERS, name, **params)
 
 
 def _literal(text: str):

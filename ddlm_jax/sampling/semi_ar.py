@@ -15,7 +15,29 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from ddlm_jax.sampling.base import Sampler, require_int
+from ddlm_jax.sampling.ancestral import AncestralSampler
+from ddlm_jax.sampling.base import Sampler, build, require_int
+from ddlm_jax.sampling.remdm import ReMDMSampler
+from ddlm_jax.sampling.scheduling import ScheduledSampler
+from ddlm_jax.sampling.unmasking import (
+  ConfidenceSampler,
+  EBSampler,
+  FirstHittingSampler,
+)
+
+# Every registered sampler but semi_ar itself, which cannot nest; the
+# registry adds semi_ar to these. Two-network ones are refused when built.
+INNER_SAMPLERS: dict[str, type[Sampler]] = {
+  cls.name: cls
+  for cls in (
+    AncestralSampler,
+    FirstHittingSampler,
+    ConfidenceSampler,
+    EBSampler,
+    ReMDMSampler,
+    ScheduledSampler,
+  )
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,10 +70,8 @@ class SemiARSampler(Sampler):
 
   @property
   def inner_sampler(self) -> Sampler:
-    from ddlm_jax.sampling.registry import get_sampler
-
     params = {**self.filters, **dict(self.inner_params)}
-    sampler = get_sampler(self.inner, **params)
+    sampler = build(INNER_SAMPLERS, self.inner, **params)
     if sampler.num_models != 1:
       raise ValueError(f'inner sampler {self.inner!r} needs one network.')
     return sampler

@@ -9,11 +9,18 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
-from ddlm_jax.data import corpus, pipeline, sources, tokenizers
+from ddlm_jax.data import (
+  corpus,
+  pipeline,
+  source_registry,
+  sources,
+  tokenizers,
+)
 from ddlm_jax.diffusion import Autoregressive, MaskedDiffusion, get_schedule
 from ddlm_jax.diffusion.soft_masking import SoftMaskedDiffusion
 from ddlm_jax.models import Transformer, TransformerConfig, hybrid
 from ddlm_jax.models.soft_masking import SoftMaskedModel, SoftMaskInput
+from ddlm_jax.training.config import ConfigError, check_range
 
 PROCESSES = ('mdlm', 'md4', 'ar')
 
@@ -55,6 +62,20 @@ def build_process(cfg, vocab_size: int, soft_mask=None):
   return MaskedDiffusion(**kwargs)
 
 
+def check_model_sizes(model: Mapping) -> None:
+  """Sizes of config.model in range (checked before any data is read)."""
+  for key, lo in (('width', 1), ('depth', 1), ('num_heads', 1), ('mlp_dim', 0)):
+    if key in model:
+      check_range(f'model.{key}', model[key], lo=lo, integer=True)
+  width, heads = model.get('width', 2), model.get('num_heads', 1)
+  if width % heads or (width // heads) % 2:
+    raise ConfigError(
+      f'model.width={width} is not divisible by model.num_heads={heads} '
+      'into an even head size (rotary embeddings rotate pairs); change '
+      'one of them.'
+    )
+
+
 def model_config(cfg, process) -> TransformerConfig:
   model_keys, _ = hybrid.split_model_keys(cfg.to_dict())
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
@@ -65,6 +86,7 @@ def model_config(cfg, process) -> TransformerConfig:
       f'config.model has keys the transformer does not take: '
       f'{sorted(unknown)}; it takes {sorted(fields)}.'
     )
+  check_model_sizes(kwargs)
   kwargs.update(
     vocab_size=process.vocab_size,
     input_vocab_size=process.input_vocab_size,
@@ -161,9 +183,9 @@ def prepare_data(cfg, workdir: str | None) -> Data:
   has_saved = bool(tok_dir) and os.path.exists(
     os.path.join(tok_dir, tokenizers.TOKENIZER_FILENAME)
   )
-  if cfg.corpus in sources.CORPORA:
-    saved = sources.load_saved_tokenizer(tok_dir) if has_saved else None
-    source = sources.build_source(cfg, tokenizer=saved)
+  saved = tokenizers.load_tokenizer(tok_dir) if has_saved else None
+  if cfg.corpus in source_registry.CORPORA:
+    source = source_registry.build_source(cfg, tokenizer=saved)
     if tok_dir and saved is None:
       source.tokenizer.save(tok_dir)
     return Data(
@@ -175,8 +197,8 @@ def prepare_data(cfg, workdir: str | None) -> Data:
   if cfg.corpus == 'text_files':
     kwargs = {k: v for k, v in cfg.files.to_dict().items() if v}
   texts = corpus.load_text_splits(cfg.corpus, **kwargs)
-  if has_saved:
-    tok = tokenizers.load_tokenizer(tok_dir)
+  if saved is not None:
+    tok = saved
   else:
     tok_kwargs = {}
     if cfg.tokenizer == 'bpe':

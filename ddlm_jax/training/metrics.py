@@ -52,6 +52,29 @@ class MetricsWriter:
         if k not in ('step', 'split') and isinstance(v, (int, float)):
           self._tb.add_scalar(f'{split}/{k}', v, step)
 
+  def drop_after(self, step: int):
+    """Forgets records a resumed run will write again (no duplicates).
+
+    Keeps training and validation records up to the restored `step` and
+    everything earlier; final records (test, final validation) at or past
+    it are dropped, as the run recomputes them.
+    """
+    if not self.enabled or not os.path.exists(self.path):
+      return
+    with open(self.path) as f:
+      records = [json.loads(line) for line in f if line.strip()]
+    keep = [
+      r
+      for r in records
+      if r['step'] < step
+      or (r['step'] == step and r['split'] in ('train', 'validation'))
+    ]
+    if len(keep) == len(records):
+      return
+    with open(self.path + '.tmp', 'w') as f:
+      f.writelines(json.dumps(r) + '\n' for r in keep)
+    os.replace(self.path + '.tmp', self.path)
+
   def close(self):
     if self._tb is not None:
       self._tb.close()

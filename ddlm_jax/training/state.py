@@ -29,6 +29,9 @@ class TrainState:
   # First step whose loss or gradients were not finite; -1 while all is well.
   # Once set, updates are skipped so the state stays at the last good one.
   bad_step: jax.Array
+  # Task-owned pytree carried and checkpointed with the state (e.g. the
+  # best-validation parameters of state tracking); None when unused.
+  extra: Any = None
 
 
 def split_model(build: Callable[[], nnx.Module]):
@@ -51,6 +54,56 @@ def param_shardings(abstract_state, mesh, rules=rules_lib.DEFAULT_RULES):
   return nnx.to_pure_dict(nnx.from_flat_state(flat))
 
 
+def module_init(build: Callable[[], nnx.Module]):
+  """(init(key) -> pure param dict, abstract nnx State) for an NNX builder."""
+  _, abstract_state = split_model(build)
+
+  def init(key):
+    model = build(rngs=nnx.Rngs(params=key))
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+  return init, abstract_state
+
+
+def init_state(
+  init: Callable[[jax.Array], Any],
+  tx: optax.GradientTransformation,
+  *,
+  seed: int,
+  mesh,
+  use_ema: bool,
+  param_shardings=None,
+  init_extra: Callable[[Any], Any] | None = None,
+):
+  """Creates a TrainState directly in its shardings; (state, shardings).
+
+  `init(key)` returns the parameter dict and must be traceable: it runs
+  under jit with the output shardings, so weights are allocated where they
+  live. `param_shardings` defaults to replicated parameters.
+  """
+
+  def make(rng):
+    params = init(rng)
+    return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      ema_params=params if use_ema else None,
+      rng=jax.random.fold_in(rng, 1),
+      bad_step=jnp.full((), -1, jnp.int32),
+      extra=None if init_extra is None else init_extra(params),
+    )
+
+  rng = jax.random.key(seed)
+  abstract_train = jax.eval_shape(make, rng)
+  if param_shardings is None:
+    repl = rules_lib.replicated(mesh)
+    param_shardings = jax.tree.map(lambda _: repl, abstract_train.params)
+  shardings = train_state_shardings(abstract_train, param_shardings, mesh)
+  state = jax.jit(make, out_shardings=shardings)(rng)
+  return state, shardings
+
+
 def init_train_state(
   build: Callable[[], nnx.Module],
   tx: optax.GradientTransformation,
@@ -60,31 +113,22 @@ def init_train_state(
   use_ema: bool,
   rules=rules_lib.DEFAULT_RULES,
 ):
-  """Creates the train state directly in its shardings.
+  """init_state for an NNX builder, sharded by its logical axes.
 
   `build(rngs=...)` constructs the module; seeding its Rngs from a traced
   key lets initialisation run inside jit with output shardings.
   Returns (graphdef, state, state_shardings).
   """
   graphdef, abstract_state = split_model(build)
-  p_shard = param_shardings(abstract_state, mesh, rules)
-
-  def init(rng):
-    model = build(rngs=nnx.Rngs(params=rng))
-    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    return TrainState(
-      step=jnp.zeros((), jnp.int32),
-      params=params,
-      opt_state=tx.init(params),
-      ema_params=params if use_ema else None,
-      rng=jax.random.fold_in(rng, 1),
-      bad_step=jnp.full((), -1, jnp.int32),
-    )
-
-  rng = jax.random.key(seed)
-  abstract_train = jax.eval_shape(init, rng)
-  shardings = train_state_shardings(abstract_train, p_shard, mesh)
-  state = jax.jit(init, out_shardings=shardings)(rng)
+  init, _ = module_init(build)
+  state, shardings = init_state(
+    init,
+    tx,
+    seed=seed,
+    mesh=mesh,
+    use_ema=use_ema,
+    param_shardings=param_shardings(abstract_state, mesh, rules),
+  )
   return graphdef, state, shardings
 
 
@@ -114,4 +158,5 @@ def train_state_shardings(abstract_train: TrainState, p_shard, mesh):
     ema_params=p_shard if abstract_train.ema_params is not None else None,
     rng=repl,
     bad_step=repl,
+    extra=like_params(abstract_train.extra),
   )

@@ -1,8 +1,10 @@
-"""Pure train and eval steps: (state, batch) -> (state, metrics).
+"""The pure train step: (state, batch) -> (state, metrics), for any task.
 
-The process (masked diffusion or AR) supplies the loss; the model is merged
-from its graph definition and the parameter dict inside the step, so the same
-step serves every process and backbone.
+A task supplies loss(params, key, batch) -> (loss, metrics); for language
+models the process (masked diffusion, AR, ...) supplies it through
+`lm_loss`, with the model merged from its graph definition and the
+parameter dict inside the step, so one step serves every process and
+backbone.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from ddlm_jax.parallel import batch_sharding, replicated
 from ddlm_jax.training.state import TrainState
 
 
@@ -45,77 +48,108 @@ def _loss_and_metrics(params, graphdef, process, key, x_BxL, loss_mask_BxL):
   return loss, metrics
 
 
-def _grads(params, graphdef, process, key, batch, accum_steps: int):
-  """Loss, metrics and gradients, over `accum_steps` micro-batches.
+def lm_loss(graphdef, process):
+  """loss(params, key, batch) -> (per-token loss, metrics) for a process."""
 
-  Micro-batches run in a lax.scan so activations of one micro-batch at a
-  time are live; gradients and metrics are averaged (each micro-batch has the
-  same number of sequences).
-  """
-  grad_fn = jax.value_and_grad(_loss_and_metrics, has_aux=True)
-  x_BxL, mask_BxL = batch['tokens'], batch.get('loss_mask')
-  if accum_steps == 1:
-    (_, metrics), grads = grad_fn(
-      params, graphdef, process, key, x_BxL, mask_BxL
+  def loss(params, key, batch):
+    return _loss_and_metrics(
+      params, graphdef, process, key, batch['tokens'], batch.get('loss_mask')
     )
-    return metrics, grads
-  batch_size = x_BxL.shape[0]
+
+  return loss
+
+
+def lm_weight(batch) -> jax.Array:
+  """A batch's real tokens: its weight among accumulated micro-batches."""
+  return _num_tokens(batch['tokens'], batch.get('loss_mask'))
+
+
+def batch_size_weight(batch) -> jax.Array:
+  """Every sequence counts once (losses averaged over sequences)."""
+  return jnp.float32(jax.tree.leaves(batch)[0].shape[0])
+
+
+def accumulate_grads(loss, params, key, batch, accum_steps: int, weight):
+  """(loss, metrics, grads) of `loss`, over `accum_steps` micro-batches.
+
+  Micro-batches run in a lax.scan so the activations of one micro-batch at
+  a time are live. Each micro-batch's loss is a mean over its own tokens,
+  so losses, metrics and gradients are combined with weights weight(mb)
+  (its real tokens): the result equals the loss of the whole batch even
+  when padding leaves micro-batches with different token counts.
+  """
+  grad_fn = jax.value_and_grad(loss, has_aux=True)
+  if accum_steps == 1:
+    (value, metrics), grads = grad_fn(params, key, batch)
+    return value, metrics, grads
+  batch_size = jax.tree.leaves(batch)[0].shape[0]
   if batch_size % accum_steps:
     raise ValueError(
       f'batch of {batch_size} does not split into {accum_steps} '
-      'micro-batches; change optim.grad_accum_steps or data.batch_size.'
+      'micro-batches; change optim.grad_accum_steps or the batch size.'
     )
-  split = lambda a: a.reshape(accum_steps, batch_size // accum_steps, -1)
-  micro = {'x': split(x_BxL)}
-  if mask_BxL is not None:
-    micro['mask'] = split(mask_BxL)
+  micro = jax.tree.map(
+    lambda a: a.reshape(accum_steps, batch_size // accum_steps, *a.shape[1:]),
+    batch,
+  )
 
   def body(carry, inputs):
     i, mb = inputs
-    (_, metrics), grads = grad_fn(
-      params,
-      graphdef,
-      process,
-      jax.random.fold_in(key, i),
-      mb['x'],
-      mb.get('mask'),
-    )
-    carry = jax.tree.map(jnp.add, carry, (metrics, grads))
-    return carry, None
+    (value, metrics), grads = grad_fn(params, jax.random.fold_in(key, i), mb)
+    w = weight(mb)
+    scaled = jax.tree.map(lambda v: w * v, (value, metrics, grads))
+    total = jax.tree.map(jnp.add, carry[0], scaled)
+    return (total, carry[1] + w), None
 
-  zeros = jax.eval_shape(
-    lambda: grad_fn(params, graphdef, process, key, micro['x'][0], None)
+  first = jax.tree.map(lambda a: a[0], micro)
+  shapes = jax.eval_shape(lambda: grad_fn(params, key, first))
+  (value0, metrics0), grads0 = shapes
+  zeros = jax.tree.map(
+    lambda s: jnp.zeros(
+      s.shape, jnp.float32 if s.dtype == jnp.int32 else s.dtype
+    ),
+    (value0, metrics0, grads0),
   )
-  init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
-  init = (init[0][1], init[1])
-  (metrics, grads), _ = jax.lax.scan(
-    body, init, (jnp.arange(accum_steps), micro)
+  (total, weight_sum), _ = jax.lax.scan(
+    body, (zeros, jnp.float32(0.0)), (jnp.arange(accum_steps), micro)
   )
-  mean = lambda t: jax.tree.map(lambda v: v / accum_steps, t)
-  return mean(metrics), mean(grads)
+  value, metrics, grads = jax.tree.map(lambda v: v / weight_sum, total)
+  return value, metrics, grads
+
+
+def _grads(params, graphdef, process, key, batch, accum_steps: int):
+  """(metrics, grads) of the LM loss (kept for the gradient tests)."""
+  _, metrics, grads = accumulate_grads(
+    lm_loss(graphdef, process), params, key, batch, accum_steps, lm_weight
+  )
+  return metrics, grads
 
 
 def _tree_all_finite(tree) -> jax.Array:
   leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-  return jnp.all(jnp.stack(leaves))
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
 
 
 def train_step(
   state: TrainState,
   batch: dict,
   *,
-  graphdef,
-  process,
+  loss,
   tx: optax.GradientTransformation,
   ema_decay: float,
   accum_steps: int = 1,
+  weight=batch_size_weight,
 ):
-  """One optimiser step; non-finite loss or gradients freeze the state."""
+  """One optimiser step of loss(params, key, batch) -> (loss, metrics).
+
+  A non-finite loss, gradient or updated parameter freezes the state (no
+  update from that step on) and records the step in state.bad_step, so
+  nothing non-finite can ever be saved.
+  """
   rng, key = jax.random.split(state.rng)
-  metrics, grads = _grads(
-    state.params, graphdef, process, key, batch, accum_steps
+  value, metrics, grads = accumulate_grads(
+    loss, state.params, key, batch, accum_steps, weight
   )
-  loss = metrics['loss']
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   ema = state.ema_params
@@ -123,12 +157,14 @@ def train_step(
     ema = jax.tree.map(
       lambda e, p: ema_decay * e + (1.0 - ema_decay) * p, ema, params
     )
-  finite = jnp.isfinite(loss) & _tree_all_finite(grads)
+  finite = (
+    jnp.isfinite(value) & _tree_all_finite(grads) & _tree_all_finite(params)
+  )
   healthy = finite & (state.bad_step < 0)
   keep = lambda new, old: jax.tree.map(
     lambda n, o: jnp.where(healthy, n, o), new, old
   )
-  new_state = TrainState(
+  new_state = state.replace(
     step=state.step + healthy.astype(jnp.int32),
     params=keep(params, state.params),
     opt_state=keep(opt_state, state.opt_state),
@@ -138,8 +174,42 @@ def train_step(
       (state.bad_step < 0) & ~finite, state.step + 1, state.bad_step
     ),
   )
+  metrics = {'loss': value, **metrics}
   metrics['grad_norm'] = optax.global_norm(grads)
   return new_state, metrics
+
+
+def jit_step(
+  loss,
+  tx,
+  ema_decay,
+  state_shardings,
+  mesh,
+  *,
+  accum_steps: int = 1,
+  weight=batch_size_weight,
+  compiler_options=None,
+):
+  """train_step under jit with explicit shardings and a donated state.
+
+  Batches are dicts of batch-major arrays, each split over the mesh's
+  data axes.
+  """
+  step = functools.partial(
+    train_step,
+    loss=loss,
+    tx=tx,
+    ema_decay=ema_decay,
+    accum_steps=accum_steps,
+    weight=weight,
+  )
+  return jax.jit(
+    step,
+    in_shardings=(state_shardings, batch_sharding(mesh)),
+    out_shardings=(state_shardings, replicated(mesh)),
+    donate_argnums=(0,),
+    compiler_options=compiler_options,
+  )
 
 
 def jit_train_step(
@@ -152,26 +222,15 @@ def jit_train_step(
   *,
   accum_steps: int = 1,
 ):
-  """train_step under jit with explicit shardings and a donated state.
-
-  Batches are dicts of batch-major arrays ('tokens', optional 'loss_mask'),
-  each split over the mesh's data axes.
-  """
-  from ddlm_jax.parallel import batch_sharding, replicated
-
-  step = functools.partial(
-    train_step,
-    graphdef=graphdef,
-    process=process,
-    tx=tx,
-    ema_decay=ema_decay,
+  """The LM step of a process (per-token weighted micro-batches)."""
+  return jit_step(
+    lm_loss(graphdef, process),
+    tx,
+    ema_decay,
+    state_shardings,
+    mesh,
     accum_steps=accum_steps,
-  )
-  return jax.jit(
-    step,
-    in_shardings=(state_shardings, batch_sharding(mesh)),
-    out_shardings=(state_shardings, replicated(mesh)),
-    donate_argnums=(0,),
+    weight=lm_weight,
   )
 
 

@@ -74,24 +74,11 @@ def graft(source, target):
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def source_params(src_workdir: str):
-  """The newest raw (non-EMA) parameters of the run in src_workdir."""
-  from ddlm_jax.training.restore import load_run
-
-  run = load_run(src_workdir)
-  step = run.checkpointer.latest_step()
-  params = jax.device_get(run.state.params)
-  run.checkpointer.close()
-  return params, step
-
-
-def warm_start(state, shardings, src_workdir: str):
-  """state with params (and EMA) from src_workdir, placed in `shardings`."""
-  params, step = source_params(src_workdir)
+def with_params(state, shardings, params):
+  """state with `params` grafted in (and EMA), placed in `shardings`."""
   params = graft(params, jax.device_get(state.params))
   params = jax.device_put(params, shardings.params)
   ema = state.ema_params
   if ema is not None:
     ema = jax.device_put(params, shardings.ema_params)
-  print(f'Initialised from {src_workdir} (step {step}).', flush=True)
   return state.replace(params=params, ema_params=ema)

@@ -18,11 +18,8 @@ Launch:
 Presets: ``ar_lm1b.py:smoke`` (seconds on CPU on tests/fixtures/lm1b).
 """
 
-from experiments.configs import mdlm_lm1b
+from experiments.configs import common, mdlm_lm1b
 
 
 def get_config(preset: str = ''):
-  c = mdlm_lm1b.get_config(preset)
-  c.process.kind = 'ar'
-  c.model.time_conditioning = False
-  return c
+  return common.autoregressive(mdlm_lm1b.get_config(preset))

@@ -17,11 +17,8 @@ Launch:
 Presets: ``ar_owt.py:smoke`` (seconds on CPU on tests/fixtures/openwebtext).
 """
 
-from experiments.configs import mdlm_owt
+from experiments.configs import common, mdlm_owt
 
 
 def get_config(preset: str = ''):
-  c = mdlm_owt.get_config(preset)
-  c.process.kind = 'ar'
-  c.model.time_conditioning = False
-  return c
+  return common.autoregressive(mdlm_owt.get_config(preset))

@@ -1,13 +1,35 @@
-"""Shared defaults for every language-model config (presets override)."""
+"""Shared defaults, presets and recipes of the language-model configs.
+
+`base_config()` holds every key a run reads. The paper configs (md4_*,
+mdlm_*, ar_*) start from `mdlm()` or `md4()`, set their data (and the few
+settings their paper changes) and end with `finish(c, preset)`; the AR
+baselines apply `autoregressive()` to their MDLM twin. What the two
+recipes share is the papers' "small" run: a 12 x 768 transformer, global
+batch 512, 1,000,000 Adam steps at lr 3e-4 with b2 0.999 and EMA 0.9999.
+
+``:smoke`` (`apply_smoke`) shrinks a config to seconds on CPU. For the paper
+configs (`apply_paper_smoke`) it keeps the data code path but reads the tiny
+real-format fixtures under ``tests/fixtures/`` (regenerate with ``python
+tests/fixtures/make_fixtures.py``) and trains a test-only tokenizer for
+LM1B/OWT on them.
+"""
 
 from __future__ import annotations
 
+import os
+import pathlib
+import tempfile
+
 import ml_collections
+
+from ddlm_jax.training.config import apply_overrides
 
 
 def base_config() -> ml_collections.ConfigDict:
   """All keys a run reads; each experiment file changes what it needs."""
   c = ml_collections.ConfigDict()
+  # What experiments.run runs: lm, state_tracking or planner_executor.
+  c.kind = 'lm'
   c.seed = 0
 
   c.data = ml_collections.ConfigDict()
@@ -104,6 +126,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.sample = ml_collections.ConfigDict()
   c.sample.num_samples = 4
+  # Samples per sampler call; more run as several calls with progress.
+  c.sample.batch_size = 64
   c.sample.steps = 128
   c.sample.use_cache = True
   c.sample.temperature = 1.0
@@ -141,13 +165,51 @@ def override(
   c: ml_collections.ConfigDict, dotted: dict
 ) -> ml_collections.ConfigDict:
   """Sets {'a.b': value, ...} in place (as --config.a.b=value does)."""
-  for key, value in dotted.items():
-    node = c
-    *path, leaf = key.split('.')
-    for p in path:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return apply_overrides(c, dotted)
+
+
+PRESETS = ('', 'smoke')
+
+
+def parse_arg(
+  arg: str | None, fields: dict | None = None, presets=PRESETS
+) -> tuple[str, ...]:
+  """'A,B[,preset]' -> (a, b, preset): every config's argument parser.
+
+  `fields` maps each leading part's name to its allowed values, e.g.
+  {'model': MODELS, 'task': TASKS}; the optional last part is a preset.
+  With no fields the argument is just the preset ('' or 'smoke').
+  """
+  fields = fields or {}
+  parts = [p.strip() for p in (arg or '').split(',')]
+  n = len(fields)
+  if parts == [''] and not n:
+    parts = []
+  if len(parts) not in (n, n + 1) or not all(parts[:n]):
+    form = ','.join(name.upper() for name in fields)
+    form = f'{form}[,preset]' if form else '[preset]'
+    example = ','.join(allowed[0] for allowed in fields.values())
+    raise ValueError(
+      f'config argument {arg!r}: expected {form}, e.g. {example!r} or '
+      f'{config_arg(example, presets[-1])!r}.'
+    )
+  for (name, allowed), value in zip(fields.items(), parts):
+    if value not in allowed:
+      raise ValueError(f'unknown {name} {value!r}; choose one of {allowed}.')
+  preset = parts[n] if len(parts) > n else ''
+  if preset not in presets:
+    raise ValueError(f'unknown preset {preset!r}; choose one of {presets}.')
+  return (*parts[:n], preset)
+
+
+def check_preset(preset: str | None, presets=PRESETS) -> str:
+  """The preset of a config that takes no other argument ('' or 'smoke')."""
+  return parse_arg(preset, None, presets)[0]
+
+
+def config_arg(*parts: str) -> str:
+  """The argument string parse_arg reads: ('latent', '') -> 'latent'."""
+  return ','.join(p for p in parts if p)
 
 
 def apply_smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -168,4 +230,123 @@ def apply_smoke(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.eval.final_time_samples = 1
   c.sample.num_samples = 2
   c.sample.steps = 16
+  return c
+
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / 'tests' / 'fixtures'
+DATA_ROOT = '~/ddlm_data'  # Where docs/LAUNCH.md puts the prepared data.
+SMOKE_TOKENIZERS = {
+  'lm1b': 'test:wordpiece',
+  'openwebtext': 'test:bytebpe',
+}
+
+
+def small_model(c: ml_collections.ConfigDict, *, time_conditioning: bool):
+  """MD4/MDLM "small": 12 x 768, 12 heads, SwiGLU MLP (GLU in MD4)."""
+  c.model.width = 768
+  c.model.depth = 12
+  c.model.num_heads = 12
+  c.model.mlp_dim = 0
+  c.model.time_conditioning = time_conditioning
+  c.model.cond_dim = 128
+  return c
+
+
+def _paper(seed: int, *, time_conditioning: bool) -> ml_collections.ConfigDict:
+  """What MDLM and MD4 share: model, batch, steps, Adam, EMA, sampling."""
+  c = base_config()
+  c.seed = seed
+  c.data.batch_size = 512
+  small_model(c, time_conditioning=time_conditioning)
+  c.model.dtype = 'bfloat16'
+  c.optim.learning_rate = 3e-4
+  c.optim.b2 = 0.999
+  c.optim.ema_decay = 0.9999
+  c.train.num_steps = 1_000_000
+  c.train.log_every = 500
+  c.train.eval_every = 10_000
+  c.train.checkpoint_every = 5_000
+  c.eval.batch_size = 512
+  c.eval.num_batches = 4
+  c.eval.final_num_batches = 0  # The whole split.
+  c.eval.final_time_samples = 1
+  c.sample.num_samples = 8
+  c.sample.steps = 1_000
+  return c
+
+
+def mdlm() -> ml_collections.ConfigDict:
+  """MDLM (Sahoo et al. 2024): log-linear SUBS, no time conditioning.
+
+  Continuous time, antithetic t >= 1e-3; Adam with 2,500 warmup steps then
+  constant, no weight decay, gradient clip 1.0.
+  """
+  c = _paper(1, time_conditioning=False)
+  c.process.kind = 'mdlm'
+  c.process.schedule = 'loglinear'
+  c.process.num_steps = 0
+  c.process.t_min = 1e-3
+  c.process.antithetic = True
+  c.optim.warmup_steps = 2_500
+  c.optim.weight_decay = 0.0
+  c.optim.grad_clip = 1.0
+  c.optim.final_lr_fraction = 1.0  # Constant after warmup.
+  c.sample.use_cache = True  # Time-free network: MDLM's ddpm_cache.
+  return c
+
+
+def md4() -> ml_collections.ConfigDict:
+  """MD4 (Shi et al. 2024): linear schedule, adaLN time conditioning.
+
+  Continuous time, antithetic t; Adam with 2,000 warmup steps then cosine
+  to 0, weight decay 0.03, no gradient clipping.
+  """
+  c = _paper(42, time_conditioning=True)
+  c.process.kind = 'md4'
+  c.process.schedule = 'linear'
+  c.process.num_steps = 0
+  c.process.t_min = 0.0
+  c.process.antithetic = True
+  c.optim.warmup_steps = 2_000
+  c.optim.weight_decay = 0.03
+  c.optim.grad_clip = 0.0
+  c.optim.final_lr_fraction = 0.0
+  c.sample.use_cache = False  # Time-conditioned network.
+  return c
+
+
+def autoregressive(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The AR baseline of a config: causal attention, exact NLL, BOS input."""
+  c.process.kind = 'ar'
+  c.model.time_conditioning = False
+  return c
+
+
+def finish(c: ml_collections.ConfigDict, preset: str):
+  """Applies the preset ('' or 'smoke') last, after the config's settings."""
+  if check_preset(preset) == 'smoke':
+    apply_paper_smoke(c)
+  return c
+
+
+def apply_paper_smoke(
+  c: ml_collections.ConfigDict,
+) -> ml_collections.ConfigDict:
+  """Seconds on CPU through the real data code on the shipped fixtures."""
+  apply_smoke(c)
+  corpus = c.data.corpus
+  c.data.data_dir = str(FIXTURES / corpus)
+  c.data.cache_dir = os.path.join(tempfile.gettempdir(), 'ddlm_jax_smoke')
+  c.data.hf_tokenizer = SMOKE_TOKENIZERS.get(corpus, '')
+  c.data.test_tokenizer_vocab = 512
+  c.data.owt_validation_docs = 40
+  c.data.owt_validation_fraction = 0.1
+  c.data.num_threads = 1
+  c.model.cond_dim = 32
+  c.model.dtype = 'float32'
+  c.optim.learning_rate = 2e-3
+  c.optim.ema_decay = 0.0
+  c.optim.grad_clip = 1.0
+  c.eval.batch_size = 8
+  c.train.max_checkpoints = 2
   return c

@@ -27,49 +27,15 @@ Presets: ``md4_text8.py:smoke`` runs seconds on CPU on
 tests/fixtures/text8/text8.zip (20k characters, same zip layout).
 """
 
-from experiments import recipes
-from experiments.configs.common import base_config
+from experiments.configs import common
 
 
 def get_config(preset: str = ''):
-  recipes.check_preset(preset)
-  c = base_config()
-  c.seed = 42
+  c = common.md4()
   c.data.corpus = 'text8'
-  c.data.data_dir = f'{recipes.DATA_ROOT}/text8'
+  c.data.data_dir = f'{common.DATA_ROOT}/text8'
   c.data.seq_len = 256
-  c.data.batch_size = 512
-
-  c.process.kind = 'md4'
-  c.process.schedule = 'linear'
-  c.process.num_steps = 0
-  c.process.t_min = 0.0
-  c.process.antithetic = True
-
-  recipes.small_model(c, time_conditioning=True)
   c.model.dtype = 'float32'
-
-  c.optim.learning_rate = 3e-4
-  c.optim.warmup_steps = 2_000
-  c.optim.weight_decay = 0.03
-  c.optim.b2 = 0.999
-  c.optim.grad_clip = 0.0
-  c.optim.final_lr_fraction = 0.0
-  c.optim.ema_decay = 0.9999
-
-  c.train.num_steps = 1_000_000
-  c.train.log_every = 500
   c.train.eval_every = 5_000
-  c.train.checkpoint_every = 5_000
-
-  c.eval.batch_size = 512
-  c.eval.num_batches = 4
-  c.eval.final_num_batches = 0  # The whole 5M-character split.
-  c.eval.final_time_samples = 4
-
-  c.sample.num_samples = 8
-  c.sample.steps = 1_000
-  c.sample.use_cache = False  # Time-conditioned network.
-  if preset == 'smoke':
-    recipes.apply_paper_smoke(c)
-  return c
+  c.eval.final_time_samples = 4  # The whole 5M-character split, 4 t draws.
+  return common.finish(c, preset)

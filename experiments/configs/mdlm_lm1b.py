@@ -29,55 +29,18 @@ TFDS ArrayRecord copy with 1,200 sentences, and a TEST-ONLY WordPiece
 tokenizer trained on it).
 """
 
-from experiments import recipes
-from experiments.configs.common import base_config
+from experiments.configs import common
 
 
 def get_config(preset: str = ''):
-  recipes.check_preset(preset)
-  c = base_config()
-  c.seed = 1
+  c = common.mdlm()
   c.data.corpus = 'lm1b'
-  c.data.data_dir = f'{recipes.DATA_ROOT}/tfds'
+  c.data.data_dir = f'{common.DATA_ROOT}/tfds'
   c.data.hf_tokenizer = 'bert-base-uncased'
   c.data.seq_len = 128
-  c.data.batch_size = 512
   c.data.packing = 'padded'
   c.data.wrap = 'bos_eos'
   c.data.detokenize = True
   c.data.num_threads = 4  # Sentences are tokenized on the fly.
-
-  c.process.kind = 'mdlm'
-  c.process.schedule = 'loglinear'
-  c.process.num_steps = 0
-  c.process.t_min = 1e-3
-  c.process.antithetic = True
-
-  recipes.small_model(c, time_conditioning=False)
-  c.model.dtype = 'bfloat16'
-
-  c.optim.learning_rate = 3e-4
-  c.optim.warmup_steps = 2_500
-  c.optim.weight_decay = 0.0
-  c.optim.b2 = 0.999
-  c.optim.grad_clip = 1.0
-  c.optim.final_lr_fraction = 1.0  # Constant after warmup.
-  c.optim.ema_decay = 0.9999
-
-  c.train.num_steps = 1_000_000
-  c.train.log_every = 500
-  c.train.eval_every = 10_000
-  c.train.checkpoint_every = 5_000
-
-  c.eval.batch_size = 512
-  c.eval.num_batches = 8
-  c.eval.final_num_batches = 0  # All 306,688 test sentences.
-  c.eval.final_time_samples = 1
-
-  c.sample.num_samples = 8
-  c.sample.steps = 1_000
-  c.sample.use_cache = True
-  if preset == 'smoke':
-    recipes.apply_paper_smoke(c)
-    c.data.num_threads = 1
-  return c
+  c.eval.num_batches = 8  # The final evaluation: all 306,688 sentences.
+  return common.finish(c, preset)

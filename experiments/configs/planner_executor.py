@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from experiments.configs import common
+
 PIPELINES = ('direct', 'cot', 'text', 'latent')
 PRESETS = ('', 'cpu', 'smoke')
 SMOKE_ARG = 'latent,smoke'
@@ -62,20 +64,7 @@ SMOKE_ARG = 'latent,smoke'
 
 def parse_arg(arg: str) -> tuple[str, str]:
   """'PIPELINE[,preset]' -> (pipeline, preset), with clear errors."""
-  parts = [p.strip() for p in (arg or '').split(',')]
-  if len(parts) not in (1, 2) or not parts[0]:
-    raise ValueError(
-      f'config argument {arg!r}: expected PIPELINE[,preset], e.g. '
-      "'latent' or 'latent,cpu'."
-    )
-  pipeline, preset = parts[0], parts[1] if len(parts) == 2 else ''
-  if pipeline not in PIPELINES:
-    raise ValueError(
-      f'unknown pipeline {pipeline!r}; choose one of {PIPELINES}.'
-    )
-  if preset not in PRESETS:
-    raise ValueError(f"unknown preset {preset!r}; choose '', 'cpu' or 'smoke'.")
-  return pipeline, preset
+  return common.parse_arg(arg, {'pipeline': PIPELINES}, PRESETS)
 
 
 def _model(width, depth, heads, steps, batch, lr):
@@ -89,6 +78,7 @@ def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
   pipeline, preset = parse_arg(arg)
   c = ml_collections.ConfigDict()
   c.pipeline = pipeline
+  c.kind = 'planner_executor'  # Declared task kind for experiments.run.
   c.seed = 0
   c.models_dir = ''  # Shared trained models; '' = <workdir>/models.
 

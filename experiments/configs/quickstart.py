@@ -10,10 +10,11 @@ inside 10 minutes on 2 CPU cores. The text's unigram entropy is 4.76 bits/char.
 Presets: `quickstart.py:smoke` (seconds, used by the tests).
 """
 
-from experiments.configs.common import apply_smoke, base_config
+from experiments.configs.common import apply_smoke, base_config, check_preset
 
 
 def get_config(preset: str = ''):
+  preset = check_preset(preset)
   c = base_config()
   c.process.kind = 'mdlm'
   c.process.schedule = 'loglinear'
@@ -31,6 +32,4 @@ def get_config(preset: str = ''):
   c.eval.final_time_samples = 2
   if preset == 'smoke':
     apply_smoke(c)
-  elif preset:
-    raise ValueError(f"unknown preset {preset!r}; use '' or 'smoke'.")
   return c

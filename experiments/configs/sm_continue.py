@@ -22,6 +22,7 @@ reach 0.5).
 """
 
 from experiments.configs import quickstart
+from experiments.configs.common import parse_arg
 
 ARMS = ('sm', 'plain', 'plain_equal')
 SMOKE_ARG = 'sm,smoke'
@@ -34,9 +35,7 @@ def equal_compute_steps(steps: int, sm_prob: float) -> int:
 
 
 def get_config(arg: str = 'sm'):
-  arm, _, preset = arg.partition(',')
-  if arm not in ARMS:
-    raise ValueError(f'unknown arm {arm!r}; choose one of {ARMS}.')
+  arm, preset = parse_arg(arg, {'arm': ARMS})
   c = quickstart.get_config(preset)
   c.train.init_from = 'runs/quickstart'
   c.optim.learning_rate = 3e-4

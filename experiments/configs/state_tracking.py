@@ -53,6 +53,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from experiments.configs import common
+
 MODELS = ('pdssm', 'complex_diag', 'selective_diag', 'lstm', 'transformer')
 TASKS = ('parity', 'even_pairs', 'cycle_nav', 'mod_arith', 'a5', 's5')
 PRESETS = ('', 'paper', 'cpu', 'cpu_long', 'smoke')
@@ -95,24 +97,7 @@ PAPER_TABLE2 = {
 
 def parse_arg(arg: str) -> tuple[str, str, str]:
   """'MODEL,TASK[,preset]' -> (model, task, preset), with clear errors."""
-  parts = [p.strip() for p in (arg or '').split(',')]
-  if len(parts) not in (2, 3) or not all(parts[:2]):
-    raise ValueError(
-      f'config argument {arg!r}: expected MODEL,TASK[,preset], e.g. '
-      "'pdssm,parity' or 'pdssm,parity,cpu'."
-    )
-  model, task = parts[0], parts[1]
-  preset = parts[2] if len(parts) == 3 else ''
-  if model not in MODELS:
-    raise ValueError(f'unknown model {model!r}; choose one of {MODELS}.')
-  if task not in TASKS:
-    raise ValueError(f'unknown task {task!r}; choose one of {TASKS}.')
-  if preset not in PRESETS:
-    raise ValueError(
-      f"unknown preset {preset!r}; choose '' (paper), 'cpu', 'cpu_long' or "
-      "'smoke'."
-    )
-  return model, task, preset
+  return common.parse_arg(arg, {'model': MODELS, 'task': TASKS}, PRESETS)
 
 
 # The smoke argument the repository tests use for this config.
@@ -122,6 +107,7 @@ SMOKE_ARG = 'pdssm,parity,smoke'
 def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   model, task, preset = parse_arg(arg)
   c = ml_collections.ConfigDict()
+  c.kind = 'state_tracking'  # Declared task kind for experiments.run.
   c.seed = 0
 
   c.task = ml_collections.ConfigDict()

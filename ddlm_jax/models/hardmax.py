@@ -1,0 +1,45 @@
+"""Straight-through hardmax: a one-hot forward pass, the softmax's gradient.
+
+PD-SSM (``ssm``) hardens each column of its relaxed transition matrix to a
+one-hot vector, so the forward pass is an exact permutation-like matrix,
+while the backward pass differentiates the (temperature-scaled) softmax as
+if nothing had been hardened. ``column_*`` are the axis=-2 forms used on
+N x N matrices: column j is hardened to e_{argmax_i m[i, j]}.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def straight_through_hardmax(
+  logits: jax.Array, axis: int = -1, temperature: float = 1.0
+) -> jax.Array:
+  """one_hot(argmax(logits)) forward; gradient of softmax(logits / T).
+
+  The forward value is exactly one-hot (soft - stop_gradient(soft) is 0).
+  """
+  soft = jax.nn.softmax(logits / temperature, axis=axis)
+  index = jnp.argmax(logits, axis=axis).astype(jnp.int32)
+  hard = jax.nn.one_hot(index, logits.shape[axis], axis=axis)
+  return hard + (soft - jax.lax.stop_gradient(soft))
+
+
+def column_argmax(m_xNxN: jax.Array) -> jax.Array:
+  """Row index of each column's maximum: p[..., j] = argmax_i m[..., i, j]."""
+  return jnp.argmax(m_xNxN, axis=-2).astype(jnp.int32)
+
+
+def column_softmax(m_xNxN: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """Softmax over rows, independently for each column."""
+  return jax.nn.softmax(m_xNxN / temperature, axis=-2)
+
+
+def column_onehot_st(m_xNxN: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """Dense straight-through P: one-hot columns forward, column-softmax grad.
+
+  Used by references and tests; the PD-SSM layer never forms P densely in
+  its scan (see ``ssm.pd_scan_st``, which only needs ``column_argmax``).
+  """
+  return straight_through_hardmax(m_xNxN, axis=-2, temperature=temperature)

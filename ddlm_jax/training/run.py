@@ -1,0 +1,404 @@
+"""A language-model run: built from a config, or loaded from its workdir.
+
+`Run(config, workdir)` is the only place that turns an LM config into
+objects: the process, the network, the data, the sampler (validated here,
+before any compute) and the loop's `TrainerConfig`; `run.task()` is the
+`fit.Task` of language modelling with the run's process. `load_run(workdir)`
+rebuilds a finished or interrupted run from workdir/config.json and
+restores its newest checkpoint, so saved runs can be scored (the AR twin as
+gen-ppl scorer), sampled or warm-started from without their config file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+
+from ddlm_jax.evaluation import cost
+from ddlm_jax.evaluation.likelihood import evaluate_likelihood
+from ddlm_jax.evaluation.sample_run import sample_and_score
+from ddlm_jax.parallel import make_mesh
+from ddlm_jax.sampling.registry import sampler_from_config
+from ddlm_jax.training import builders, fit, steps, warm_start
+from ddlm_jax.training.checkpoint import Checkpointer
+from ddlm_jax.training.config import (
+  ConfigError,
+  apply_overrides,
+  check_range,
+  optimizer_config,
+  trainer_config,
+)
+from ddlm_jax.training.metrics import write_json
+from ddlm_jax.training.state import module_init, param_shardings, split_model
+
+
+class NoCheckpointError(FileNotFoundError):
+  """A run directory without a checkpoint to restore."""
+
+
+def no_checkpoint(workdir: str) -> NoCheckpointError:
+  """The one 'No checkpoint in ...' error of the suite."""
+  return NoCheckpointError(
+    f'No checkpoint in {workdir}/checkpoints; train first (--mode=train).'
+  )
+
+
+def lm_trainer_config(config) -> fit.TrainerConfig:
+  """The loop settings of a language-model config (checked ranges)."""
+  tr, o = config.train, config.optim
+  soft_mask = config.get('soft_mask')
+  groups = ()
+  if builders.soft_mask_enabled(soft_mask):
+    groups = (('soft_mask', soft_mask.learning_rate),)
+  return trainer_config(
+    num_steps=tr.num_steps,
+    seed=config.seed,
+    log_every=tr.log_every,
+    eval_every=tr.eval_every,
+    checkpoint_every=tr.checkpoint_every,
+    max_checkpoints=tr.max_checkpoints,
+    halt_after_steps=tr.halt_after_steps,
+    ema_decay=o.ema_decay,
+    eval_uses_ema=bool(config.eval.use_ema),
+    grad_accum_steps=o.grad_accum_steps,
+    mesh_shape=tuple(config.mesh.shape),
+    optimizer=optimizer_config(
+      learning_rate=o.learning_rate,
+      warmup_steps=o.warmup_steps,
+      total_steps=tr.num_steps,
+      weight_decay=o.weight_decay,
+      b1=o.b1,
+      b2=o.b2,
+      grad_clip=o.grad_clip,
+      final_lr_fraction=o.final_lr_fraction,
+      group_learning_rates=groups,
+    ),
+  )
+
+
+def check_sample_config(sample, causal: bool):
+  """The sampler of a config's `sample` block, built and checked (or None).
+
+  Runs before training, so a typo in a sampler spec costs nothing.
+  """
+  num = check_range(
+    'sample.num_samples', sample.num_samples, lo=0, integer=True
+  )
+  check_range('sample.temperature', sample.temperature, lo=0, lo_open=True)
+  check_range('sample.top_k', sample.top_k, lo=0, integer=True)
+  check_range('sample.top_p', sample.top_p, lo=0, hi=1, lo_open=True)
+  check_range('sample.steps', sample.steps, lo=1, integer=True)
+  check_range(
+    'sample.batch_size', sample.get('batch_size', 0), lo=0, integer=True
+  )
+  if causal:
+    name = sample.get('sampler', 'ancestral') or 'ancestral'
+    if name.split(':')[0].strip() not in ('ancestral', 'autoregressive'):
+      raise ConfigError(
+        f'sample.sampler={name!r}: an AR run samples left to right and '
+        "takes no diffusion sampler; leave sample.sampler='ancestral'."
+      )
+    return None
+  sampler = sampler_from_config(sample)
+  return sampler if num else None
+
+
+def _check_eval_config(ev):
+  check_range('eval.batch_size', ev.batch_size, lo=1, integer=True)
+  check_range('eval.num_batches', ev.num_batches, lo=0, integer=True)
+  check_range(
+    'eval.final_num_batches', ev.final_num_batches, lo=0, integer=True
+  )
+  check_range('eval.time_samples', ev.time_samples, lo=1, integer=True)
+  check_range(
+    'eval.final_time_samples', ev.final_time_samples, lo=1, integer=True
+  )
+
+
+class Run:
+  """Everything built from a config that train, eval and sample share."""
+
+  def __init__(self, config, workdir: str):
+    self.config = config
+    self.workdir = workdir
+    self.trainer_config = lm_trainer_config(config)
+    _check_eval_config(config.eval)
+    soft_mask = config.get('soft_mask')
+    self.init_from = config.train.get('init_from', '')
+    self.mesh = make_mesh(self.trainer_config.mesh_shape)
+    self._check_batch(config.data.batch_size, 'data.batch_size')
+    self._check_batch(config.eval.batch_size, 'eval.batch_size')
+    # Everything checkable without data is checked before anything is
+    # written (the tokenizer is the first file a new run writes).
+    if config.process.kind not in builders.PROCESSES:
+      raise ConfigError(
+        f'process.kind={config.process.kind!r}; choose one of '
+        f'{builders.PROCESSES}.'
+      )
+    builders.check_model_sizes(config.model)
+    self.sampler = check_sample_config(
+      config.sample, config.process.kind == 'ar'
+    )
+    if self.init_from:
+      warm_start.copy_tokenizer(self.init_from, workdir)
+    self.data = builders.prepare_data(config.data, workdir)
+    self.process = builders.build_process(
+      config.process, self.data.tokenizer.vocab_size, soft_mask
+    )
+    self.model_config = builders.model_config(config.model, self.process)
+    self.build = builders.model_builder(config.model, self.process, soft_mask)
+    self.graphdef, self._abstract_params = split_model(self.build)
+    self._task = self.task()
+    self.state, self.shardings, self.tx, self.lr_schedule = fit.build_state(
+      self._task, self.trainer_config, self.mesh
+    )
+    self.num_params = builders.count_params(self.state.params)
+    self._checkpointer = None
+
+  @classmethod
+  def build(cls, config, workdir: str) -> Run:
+    """A fresh run from a config (nothing restored yet)."""
+    return cls(config, workdir)
+
+  @classmethod
+  def load(cls, workdir: str, overrides: dict | None = None) -> Run:
+    """The run saved in workdir, newest checkpoint restored (load_run)."""
+    return load_run(workdir, overrides)
+
+  # --------------------------------------------------------------- pieces
+
+  @property
+  def checkpointer(self) -> Checkpointer:
+    if self._checkpointer is None:
+      self._checkpointer = Checkpointer(
+        os.path.join(self.workdir, 'checkpoints'),
+        max_to_keep=self.trainer_config.max_checkpoints,
+      )
+    return self._checkpointer
+
+  def close(self):
+    if self._checkpointer is not None:
+      self._checkpointer.close()
+      self._checkpointer = None
+
+  def _check_batch(self, batch: int, name: str):
+    check_range(name, batch, lo=1, integer=True)
+    data_ways = self.mesh.shape['data'] * self.mesh.shape['fsdp']
+    if batch % data_ways:
+      raise ConfigError(
+        f'{name}={batch} is not divisible by the {data_ways} data-parallel '
+        f'devices of mesh {dict(self.mesh.shape)}; change the batch size or '
+        '--config.mesh.shape.'
+      )
+
+  def abstract_state(self):
+    return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      self.state,
+      self.shardings,
+    )
+
+  def restore(self) -> int:
+    """Restores the newest checkpoint if any; returns its step (or 0)."""
+    found = self.checkpointer.restore_latest(self.abstract_state())
+    if found is None:
+      return 0
+    self.state, _, step = found
+    print(f'Resumed from checkpoint step {step} in {self.workdir}', flush=True)
+    return step
+
+  def eval_params(self):
+    use_ema = self.config.eval.use_ema and self.state.ema_params is not None
+    return self.state.ema_params if use_ema else self.state.params
+
+  def forward_flops(self, batch: int, length: int) -> float:
+    """Forward FLOPs of one network call, from the network that was built.
+
+    The closed form for the transformer (it matches XLA's count within a
+    few percent, tested); XLA's cost analysis for any other backbone.
+    """
+    if self.config.model.get('backbone', 'transformer') == 'transformer':
+      return cost.transformer_flops(self.model_config, batch, length)
+    model = steps.make_apply(self.graphdef, self.state.params)
+    return cost.xla_flops(lambda z, t: model(z, t), batch, length)
+
+  # ------------------------------------------------------------ the task
+
+  def _check_tokens(self, batch: dict):
+    tokens = np.asarray(batch['tokens'])
+    vocab = self.process.vocab_size
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+      bad = tokens.max() if tokens.max() >= vocab else tokens.min()
+      raise ValueError(
+        f'The data pipeline produced token id {int(bad)}, outside the '
+        f'vocabulary [0, {vocab}). The tokenizer and the data disagree; '
+        'rebuild the tokenizer (delete workdir/tokenizer) or fix the source.'
+      )
+
+  def task(self) -> fit.Task:
+    """Language modelling with this run's process, as a loop task."""
+    config = self.config
+    init, _ = module_init(self.build)
+    abstract = self._abstract_params
+
+    def evaluate(params, step):
+      del step
+      return self.evaluate_params(
+        params,
+        'validation',
+        num_batches=config.eval.num_batches,
+        time_samples=config.eval.time_samples,
+      )
+
+    return fit.Task(
+      name=config.process.kind,
+      init=init,
+      loss=steps.lm_loss(self.graphdef, self.process),
+      weight=steps.lm_weight,
+      batches=lambda start: builders.train_batches(
+        config.data, self.data, config.seed
+      ),
+      evaluate=evaluate,
+      summary=self._summary,
+      param_shardings=lambda mesh: param_shardings(abstract, mesh),
+      check_batch=self._check_tokens,
+      tokens_per_step=config.data.batch_size * config.data.seq_len,
+      shown=('loss', 'nelbo_per_token', 'sm_w_s', 'sm_lambda'),
+      describe_eval=lambda ev: (
+        f'validation {ev["bits_per_token"]:.4f} +- '
+        f'{ev["bits_per_token_stderr"]:.4f} bits/token'
+      ),
+    )
+
+  def header(self) -> str:
+    return (
+      f'{self.config.process.kind} | {self.num_params / 1e6:.2f}M params | '
+      f'vocab {self.process.vocab_size} | mesh {dict(self.mesh.shape)}'
+    )
+
+  def _summary(self, result: fit.FitResult) -> dict:
+    """Final validation and samples once the run reached num_steps."""
+    self.state = result.state
+    summary = {'process': self.config.process.kind}
+    if result.status != 'ok' or result.step < self.config.train.num_steps:
+      return summary
+    final = self.evaluate(
+      'validation',
+      num_batches=self.config.eval.final_num_batches,
+      time_samples=self.config.eval.final_time_samples,
+    )
+    result.writer.write(result.step, 'final_validation', final)
+    summary['validation'] = final
+    print(
+      f'final validation: {final["bits_per_token"]:.4f} +- '
+      f'{final["bits_per_token_stderr"]:.4f} bits/token, perplexity '
+      f'{"=" if self.process.causal else "<="} '
+      f'{final["perplexity_bound"]:.3f}',
+      flush=True,
+    )
+    if self.config.sample.num_samples:
+      texts, stats = self.sample()
+      self.write_samples(texts, stats)
+      summary['samples'] = stats
+    return summary
+
+  def warm_start(self, state, shardings):
+    """state with the parameters of the run in train.init_from."""
+    if not self.init_from:
+      return state
+    src = load_run(self.init_from)
+    step = src.checkpointer.latest_step()
+    params = jax.device_get(src.state.params)
+    src.close()
+    print(f'Initialised from {self.init_from} (step {step}).', flush=True)
+    return warm_start.with_params(state, shardings, params)
+
+  # ------------------------------------------------------- eval / sample
+
+  def evaluate_params(
+    self, params, split, *, num_batches, time_samples, seed=0
+  ):
+    batches = self.data.eval_batches(
+      split,
+      seq_len=self.config.data.seq_len,
+      batch_size=self.config.eval.batch_size,
+      max_batches=num_batches or None,
+    )
+    return evaluate_likelihood(
+      params,
+      self.graphdef,
+      self.process,
+      batches,
+      key=jax.random.key(seed),
+      time_samples=time_samples,
+    )
+
+  def evaluate(self, split: str, *, num_batches, time_samples, seed=0):
+    return self.evaluate_params(
+      self.eval_params(),
+      split,
+      num_batches=num_batches,
+      time_samples=time_samples,
+      seed=seed,
+    )
+
+  def sample(self):
+    """Draws config.sample.num_samples sequences; returns (texts, stats).
+
+    config.sample picks the sampler (`sampler`: a name or a spec such as
+    'eb:gamma=0.1', plus `params`), the AR `scorer` run for gen-ppl and
+    MAUVE, and the `light_workdir` of model scheduling; those runs are
+    loaded here. See ddlm_jax.evaluation.sample_run.sample_and_score.
+    """
+    cfg = self.config.sample
+    light = cfg.get('light_workdir', '')
+    scorer = cfg.get('scorer', '')
+    return sample_and_score(
+      self,
+      scorer_run=load_run(scorer) if scorer else None,
+      light_run=load_run(light) if light else None,
+    )
+
+  def write_samples(self, texts, stats):
+    """samples.txt and the metrics JSON sample_stats.json in the workdir."""
+    with open(os.path.join(self.workdir, 'samples.txt'), 'w') as f:
+      for i, text in enumerate(texts):
+        f.write(f'=== sample {i} ===\n{text}\n\n')
+    write_json(os.path.join(self.workdir, 'sample_stats.json'), stats)
+
+
+def load_config(workdir: str, overrides: dict | None = None):
+  """The run's ConfigDict from workdir/config.json, with dotted overrides."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+      f'{path} not found: {workdir} is not a run directory (train it with '
+      'python -m experiments.run first).'
+    )
+  with open(path) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  apply_overrides(config, overrides, create_blocks=True)
+  if 'mesh' in config and 'shape' in config.mesh:
+    config.mesh.shape = tuple(config.mesh.shape)
+  return config
+
+
+def load_run(workdir: str, overrides: dict | None = None) -> Run:
+  """Run from workdir/config.json with its newest checkpoint restored.
+
+  Args:
+    overrides: {'sample.num_samples': 8, ...} applied to the saved config
+      (shape-changing model keys make the restore fail with a clear error).
+
+  Returns:
+    The Run; its checkpoint step is run.checkpointer.latest_step().
+  """
+  run = Run(load_config(workdir, overrides), workdir)
+  if run.restore() == 0:
+    run.close()
+    raise no_checkpoint(workdir)
+  return run

@@ -1,0 +1,65 @@
+"""Nonsense is refused before compute, with the key, and nothing written.
+
+Each case goes through `loop.train_and_evaluate` on the quickstart smoke
+config; the error must come before any training, data or file (the
+workdir is left empty: the lock file goes with the lock).
+"""
+
+import os
+
+import pytest
+
+from ddlm_jax.training import loop
+from ddlm_jax.training.config import ConfigError
+from experiments.configs import ar_quickstart, quickstart
+from experiments.configs.common import override
+
+
+def _config(**overrides):
+  c = quickstart.get_config('smoke')
+  c.mesh.shape = (1, 1, 1)
+  return override(c, overrides)
+
+
+@pytest.mark.parametrize(
+  'overrides,match',
+  [
+    ({'train.num_steps': -5}, r'train.num_steps=-5: must be in \[1'),
+    ({'train.halt_after_steps': -1}, 'train.halt_after_steps=-1'),
+    ({'train.checkpoint_every': -1}, 'train.checkpoint_every=-1'),
+    ({'train.log_every': 0}, 'train.log_every=0'),
+    ({'train.max_checkpoints': 0}, 'train.max_checkpoints=0'),
+    ({'optim.learning_rate': -1e-3}, 'optim.learning_rate=-0.001'),
+    ({'optim.warmup_steps': -1}, 'optim.warmup_steps=-1'),
+    ({'model.depth': 0}, 'model.depth=0'),
+    ({'model.width': 30}, 'not divisible by model.num_heads'),
+    ({'eval.batch_size': 0}, 'eval.batch_size=0'),
+    ({'sample.sampler': 'ancestrall'}, 'ancestrall'),
+    ({'sample.sampler': 'eb:gamma=-1'}, 'gamma'),
+    ({'sample.top_p': 1.5}, r'sample.top_p=1.5: must be in \(0, 1\]'),
+    ({'sample.temperature': 0.0}, 'sample.temperature=0.0'),
+    ({'sample.num_samples': -2}, 'sample.num_samples=-2'),
+    ({'process.kind': 'mdml'}, "process.kind='mdml'"),
+    ({'mesh.shape': (0, 1, 1)}, 'mesh.shape'),
+  ],
+)
+def test_refused_before_anything_runs(tmp_path, overrides, match):
+  workdir = tmp_path / 'run'
+  with pytest.raises(ValueError, match=match):
+    loop.train_and_evaluate(_config(**overrides), str(workdir))
+  assert not workdir.exists() or os.listdir(workdir) == []
+
+
+def test_config_errors_are_value_errors_with_one_line():
+  with pytest.raises(ConfigError) as err:
+    loop.train_and_evaluate(_config(**{'train.num_steps': 0}), '/nonexistent')
+  assert '\n' not in str(err.value)
+
+
+def test_ar_run_refuses_a_diffusion_sampler_spec(tmp_path):
+  c = ar_quickstart.get_config('smoke')
+  c.mesh.shape = (1, 1, 1)
+  c.sample.sampler = 'eb:gamma=0.5'
+  with pytest.raises(ValueError, match='AR run samples left to right'):
+    loop.train_and_evaluate(c, str(tmp_path / 'ar'))
+  assert not (tmp_path / 'ar' / 'config.json').exists()
