@@ -11,11 +11,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / 'colab').glob('*.ipynb'))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes(path, monkeypatch):
   monkeypatch.setenv('PYTHONPATH', str(ROOT))
-  # One CPU device in the kernel: the smoke preset needs no mesh.
-  monkeypatch.setenv('XLA_FLAGS', '')
+  # One CPU device in the kernel (the smoke preset needs no mesh), and the
+  # suite's cheap compilation (tests/conftest.py).
+  flags = os.environ.get('XLA_FLAGS', '').split()
+  kept = [f for f in flags if 'device_count' not in f]
+  monkeypatch.setenv('XLA_FLAGS', ' '.join(kept))
   nb = nbformat.read(path, as_version=4)
   client = NotebookClient(
     nb,

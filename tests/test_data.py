@@ -386,63 +386,27 @@ def test_data_package_exports():
 DATA_DIR = pathlib.Path(__file__).resolve().parents[1] / 'ddlm_jax' / 'data'
 
 
-def _data_imports(path):
-  """(modules of ddlm_jax.data imported anywhere in ``path``, private uses).
-
-  Function-level imports count. A private use is ``from m import _x`` or
-  ``alias._x`` where ``alias`` names another data module.
-  """
-  tree = ast.parse(path.read_text())
-  deps, aliases, private = set(), {}, []
-  for node in ast.walk(tree):
+def _data_deps(path):
+  """Modules of ddlm_jax.data that ``path`` imports (function level too)."""
+  deps = set()
+  for node in ast.walk(ast.parse(path.read_text())):
     if isinstance(node, ast.ImportFrom) and node.module:
       if node.module == 'ddlm_jax.data':
-        for a in node.names:
-          deps.add(a.name)
-          aliases[a.asname or a.name] = a.name
+        deps.update(a.name for a in node.names)
       elif node.module.startswith('ddlm_jax.data.'):
         deps.add(node.module.split('.')[2])
-        private += [a.name for a in node.names if a.name.startswith('_')]
     elif isinstance(node, ast.Import):
-      for a in node.names:
-        if a.name.startswith('ddlm_jax.data.'):
-          deps.add(a.name.split('.')[2])
-          if a.asname:
-            aliases[a.asname] = a.name.split('.')[2]
-  for node in ast.walk(tree):
-    if (
-      isinstance(node, ast.Attribute)
-      and isinstance(node.value, ast.Name)
-      and node.value.id in aliases
-      and node.attr.startswith('_')
-    ):
-      private.append(f'{node.value.id}.{node.attr}')
+      deps.update(
+        a.name.split('.')[2]
+        for a in node.names
+        if a.name.startswith('ddlm_jax.data.')
+      )
   deps.discard(path.stem)
-  return deps, private
+  return deps
 
 
-def test_data_modules_form_no_import_cycle_and_share_no_private_names():
-  graph, private = {}, {}
-  for path in sorted(DATA_DIR.glob('*.py')):
-    if path.stem == '__init__':
-      continue
-    graph[path.stem], bad = _data_imports(path)
-    if bad:
-      private[path.stem] = bad
-  assert not private
+def test_the_source_registry_depends_on_the_sources_not_the_reverse():
+  # Cycles and private names in general: tests/test_imports.py.
+  graph = {p.stem: _data_deps(p) for p in DATA_DIR.glob('*.py')}
   assert graph['source_registry'] >= {'text8', 'lm1b', 'openwebtext'}
   assert not graph['sources'] & {'text8', 'lm1b', 'openwebtext'}
-  done, active = set(), []
-
-  def visit(name):  # Depth-first search; a module met twice on the path
-    assert name not in active, ' -> '.join([*active, name])  # is a cycle.
-    if name in done:
-      return
-    active.append(name)
-    for dep in sorted(graph.get(name, ())):
-      visit(dep)
-    active.pop()
-    done.add(name)
-
-  for name in graph:
-    visit(name)

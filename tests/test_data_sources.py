@@ -468,6 +468,7 @@ def test_data_eval_batches_keep_the_embedded_corpus_path():
     data.eval_batches('test', seq_len=10, batch_size=4)
 
 
+@pytest.mark.slow
 def test_md4_text8_smoke_trains_end_to_end(tmp_path):
   c = _config('md4_text8')
   c.mesh.shape = (1, 1, 1)
@@ -482,6 +483,7 @@ def test_md4_text8_smoke_trains_end_to_end(tmp_path):
   assert os.path.exists(tmp_path / 'tokenizer' / 'ddlm_tokenizer.json')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', ['md4_owt', 'mdlm_lm1b', 'ar_lm1b', 'ar_owt'])
 def test_paper_smoke_presets_train_end_to_end(name, tmp_path):
   """Every paper config's :smoke preset trains and evaluates through the

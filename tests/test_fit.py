@@ -251,6 +251,7 @@ def test_eval_mode_needs_a_trained_run(tmp_path):
   assert not os.path.exists(tmp_path / 'pe')  # Nothing written.
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_before_anything_is_written(tmp_path):
   import subprocess
   import sys
@@ -347,9 +348,9 @@ def test_kill_9_at_random_moments_ends_like_an_uninterrupted_run(tmp_path):
   rng = np.random.default_rng(0)
   workdir = tmp_path / 'killed'
   kills = 0
-  for _ in range(4):
+  for _ in range(3):
     proc = start(workdir)
-    time.sleep(float(rng.uniform(2.0, 6.0)))
+    time.sleep(float(rng.uniform(1.5, 4.0)))
     if proc.poll() is None:
       proc.kill()  # SIGKILL: no handler runs, no save.
       kills += 1

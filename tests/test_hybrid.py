@@ -52,6 +52,7 @@ def test_ssm_layers_are_bidirectional_unless_causal(causal):
   assert moved == (not causal)
 
 
+@pytest.mark.slow
 def test_time_conditioning_and_a_training_step_lowers_the_loss():
   cfg = _cfg('AS', time=True, kind='complex_diag')
   model = hybrid.HybridTransformer(cfg, rngs=nnx.Rngs(2))
@@ -99,6 +100,7 @@ def test_config_helpers_and_errors():
     hybrid.HybridConfig(tcfg, 'AS', 'lstm')
 
 
+@pytest.mark.slow
 def test_hybrid_backbone_trains_end_to_end_on_the_quickstart_corpus(tmp_path):
   """The LM trainer builds, trains, evaluates and samples a hybrid denoiser."""
   from ddlm_jax.training import loop

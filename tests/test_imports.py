@@ -230,3 +230,41 @@ def test_imports_point_one_way():
   _, _, raw, modules = import_graph()
   bad = forbidden_imports(raw, modules)
   assert not bad, '\n'.join(bad)
+
+
+def private_imports(
+  root: pathlib.Path = ROOT, packages=(*PACKAGES, 'experiments')
+):
+  """['file:line name'] for every `from <project module> import _name`.
+
+  A private helper used from another module is an interface nobody
+  declared; make it public where it is shared, or move it. Importing a
+  package's private submodule (pallas_kernels.scan._validate) is allowed.
+  """
+  modules = scan(root, packages)
+  bad = []
+  for path, _ in modules.values():
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+      if (
+        isinstance(node, ast.ImportFrom)
+        and node.module
+        and node.module.split('.')[0] in packages
+      ):
+        bad += [
+          f'{path.relative_to(root)}:{node.lineno} {a.name}'
+          for a in node.names
+          if a.name.startswith('_')
+          # A package-private module (scan/_validate.py) is for its siblings.
+          and f'{node.module}.{a.name}' not in modules
+        ]
+  return bad
+
+
+def test_private_names_stay_in_their_module(tmp_path):
+  pkg = tmp_path / 'pkg'
+  pkg.mkdir()
+  (pkg / '__init__.py').write_text('')
+  (pkg / 'a.py').write_text('def _helper():\n  return 1\n')
+  (pkg / 'b.py').write_text('from pkg.a import _helper\n')
+  assert private_imports(tmp_path, ('pkg',)) == ['pkg/b.py:1 _helper']
+  assert private_imports() == []

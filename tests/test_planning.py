@@ -171,6 +171,7 @@ def smoke_runs(tmp_path_factory):
   return models, outs
 
 
+@pytest.mark.slow
 def test_projector_trains_with_planner_and_executor_frozen(
   tmp_path, smoke_runs
 ):
@@ -202,6 +203,7 @@ def test_projector_trains_with_planner_and_executor_frozen(
   assert any(jax.tree.leaves(moved))
 
 
+@pytest.mark.slow
 def test_smoke_presets_of_every_pipeline_run(smoke_runs):
   for name, out in smoke_runs[1].items():
     config = _smoke(name, smoke_runs[0])

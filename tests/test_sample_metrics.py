@@ -162,6 +162,7 @@ def test_transformer_flops_match_xla_cost_analysis():
   assert cost.sampling_flops([3, 2], [10.0, 1.0]) == 32.0
 
 
+@pytest.mark.slow
 def test_load_run_samples_and_scores_with_an_ar_scorer(tmp_path, capsys):
   from ddlm_jax.evaluation.sample_run import sample_and_score
   from ddlm_jax.training.run import Run, load_run

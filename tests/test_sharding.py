@@ -83,6 +83,7 @@ def test_sharded_loss_and_grads_equal_single_device(
     assert kernel.addressable_shards[0].data.shape == (16, 64)
 
 
+@pytest.mark.slow
 def test_sharded_train_steps_equal_single_device(tokens):
   finals = []
   for shape in [(1, 1, 1), (2, 2, 2)]:

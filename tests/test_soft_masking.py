@@ -126,6 +126,7 @@ def test_feedback_reaches_the_masked_positions_only():
   assert not np.allclose(on, off)
 
 
+@pytest.mark.slow
 def test_soft_masking_wraps_the_hybrid_ssm_backbone():
   from ddlm_jax.training import builders
 
@@ -275,6 +276,7 @@ def _final_params(workdir):
   return params
 
 
+@pytest.mark.slow
 def test_continued_pretraining_runs_logs_and_resumes(base_run, tmp_path):
   full = str(tmp_path / 'full')
   # w_b = -5 puts lambda in its sensitive range at the smoke model's high

@@ -502,6 +502,7 @@ def _train_step(mixer):
   return init, step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mixer', sorted(sc.MIXERS))
 def test_smoke_training_loss_decreases(mixer):
   init, step = _train_step(mixer)

@@ -38,6 +38,7 @@ _MODEL_TASKS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('model,task', _MODEL_TASKS)
 def test_smoke_training_each_model(model, task, tmp_path):
   c = _smoke(model, task, checkpoint_every=100)
@@ -94,6 +95,7 @@ def _resume_config():
   )
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path):
   c = _resume_config()
   full = classification.train_state_tracking(c, str(tmp_path / 'full'))
@@ -115,6 +117,7 @@ def test_resume_equals_uninterrupted(tmp_path):
   np.testing.assert_allclose(train('part'), train('full'), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_early_stop_is_final_and_tested(tmp_path):
   c = _resume_config()
   c.train.early_stop_accuracy = 1e-9  # Any validation score reaches it.
@@ -128,6 +131,7 @@ def test_early_stop_is_final_and_tested(tmp_path):
   assert again['test_accuracy'] == summary['test_accuracy']
 
 
+@pytest.mark.slow
 def test_nan_guard_stops_and_names_the_step(tmp_path, monkeypatch):
   # Same config as the resume test (its compiled programs are reused); the
   # third batch holds out-of-range token ids, whose embeddings are NaN.

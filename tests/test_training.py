@@ -52,6 +52,7 @@ def test_run_writes_its_record(full_run):
   assert np.isfinite(summary['validation']['bits_per_token'])
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(full_run, tmp_path):
   ref_dir, _ = full_run
   workdir = str(tmp_path)
@@ -77,6 +78,7 @@ def test_resume_equals_uninterrupted(full_run, tmp_path):
   )
 
 
+@pytest.mark.slow
 def test_loss_decreases_when_training_longer(tmp_path):
   c = _config(**{'train.num_steps': 40, 'train.log_every': 5,
                  'train.eval_every': 0, 'train.checkpoint_every': 0,
@@ -112,6 +114,7 @@ def test_corrupt_latest_checkpoint_falls_back(full_run, tmp_path, caplog):
   assert (ckpt / '6.corrupt').exists()
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
   """A process whose loss turns NaN on an all-zero batch (fed at step 5)."""
   real_process = builders.build_process
@@ -188,6 +191,7 @@ def test_out_of_range_token_ids_are_a_clear_error(tmp_path, monkeypatch):
     loop.train_and_evaluate(_config(), str(tmp_path))
 
 
+@pytest.mark.slow
 def test_ar_twin_trains_with_exact_nll(tmp_path):
   c = ar_quickstart.get_config('smoke')
   c.mesh.shape = (1, 1, 1)
@@ -229,6 +233,7 @@ def _cli(*args, timeout=300):
   )
 
 
+@pytest.mark.slow
 def test_cli_smoke_and_sample_mode(tmp_path):
   cfg = 'experiments/configs/quickstart.py:smoke'
   out = _cli(f'--config={cfg}', f'--workdir={tmp_path}',
@@ -243,6 +248,7 @@ def test_cli_smoke_and_sample_mode(tmp_path):
   assert "'nfe'" in again.stdout
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_typo_in_an_override(tmp_path):
   out = _cli(
     '--config=experiments/configs/quickstart.py:smoke',
@@ -257,6 +263,7 @@ def test_jax_sees_fake_devices():
   assert jax.device_count() == 8
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_mode_the_config_cannot_run_in_one_line(tmp_path):
   out = _cli(
     '--config=experiments/configs/state_tracking.py:pdssm,parity,smoke',
@@ -267,3 +274,12 @@ def test_cli_refuses_a_mode_the_config_cannot_run_in_one_line(tmp_path):
   assert 'state_tracking configs run --mode=train|eval' in out.stderr
   assert 'Traceback' not in out.stderr
   assert not (tmp_path / 'st').exists()
+  typo = _cli(
+    '--config=experiments/configs/quickstart.py:smoke',
+    f'--workdir={tmp_path / "qs"}',
+    '--config.model.widht=3',
+  )
+  assert typo.returncode == 2
+  assert typo.stderr.strip().splitlines() == [
+    'error: bad flag: \'widht\' Did you mean "width" instead of "widht"?'
+  ]

@@ -155,12 +155,14 @@ def owt_run(tmp_path_factory):
   return str(workdir / 'run'), summary
 
 
+@pytest.mark.slow
 def test_mdlm_owt_smoke_trains_end_to_end(owt_run):
   _, summary = owt_run
   assert summary['steps'] == 6
   assert np.isfinite(summary['validation']['nats_per_token'])
 
 
+@pytest.mark.slow
 def test_zero_shot_cli_scores_a_restored_run(owt_run, stand_ins, capsys):
   from absl import flags
 
@@ -191,6 +193,7 @@ def test_zero_shot_cli_scores_a_restored_run(owt_run, stand_ins, capsys):
     assert r['perplexity_bound'] == pytest.approx(np.exp(r['nats_per_token']))
 
 
+@pytest.mark.slow
 def test_zero_shot_score_equals_the_likelihood_evaluator(owt_run, stand_ins):
   from ddlm_jax.data import sources
 

@@ -42,7 +42,7 @@ from ddlm_jax.planning import models as pm
 from ddlm_jax.sampling.registry import get_sampler, parse_spec, sampler_params
 from ddlm_jax.training import config as config_lib
 from ddlm_jax.training import metrics
-from ddlm_jax.training.config import TrainerConfig
+from ddlm_jax.training.config import TrainerConfig, check_range
 from ddlm_jax.training.fit import Task, fit
 from ddlm_jax.training.workdir_lock import WorkdirLock
 
@@ -198,8 +198,10 @@ def projector_loss(graphdefs: dict, frozen: dict, plan_len: int):
 
 
 def num_steps(config, block) -> int:
-  """A block's steps, capped by config.train.num_steps when that is > 0."""
-  cap = int(config.train.num_steps)
+  """A block's steps, capped by config.train.max_stage_steps when > 0."""
+  cap = check_range(
+    'train.max_stage_steps', config.train.max_stage_steps, lo=0, integer=True
+  )
   return min(int(block.steps), cap) if cap > 0 else int(block.steps)
 
 
@@ -219,7 +221,7 @@ def stage_trainer_config(config, block_key: str) -> TrainerConfig:
     optimizer=config_lib.optimizer_config(
       learning_rate=block.learning_rate,
       lr_key=f'{block_key}.learning_rate',
-      warmup_steps=int(round(o.warmup_fraction * steps)),
+      warmup_steps=config_lib.warmup_steps(o, steps),
       total_steps=steps,
       weight_decay=o.weight_decay,
       grad_clip=o.grad_clip,

@@ -48,6 +48,18 @@ class IncompatibleCheckpointError(ValueError):
   """The checkpoint's shapes do not match the model built from the config."""
 
 
+class NoCheckpointError(FileNotFoundError):
+  """A run directory without a checkpoint to restore."""
+
+
+def no_checkpoint(workdir: str) -> NoCheckpointError:
+  """The one 'No checkpoint in ...' error of the suite (eval, sample,
+  load_run, warm start)."""
+  return NoCheckpointError(
+    f'No checkpoint in {workdir}/checkpoints; train first (--mode=train).'
+  )
+
+
 class NonFiniteStateError(FloatingPointError):
   """The state to save holds NaN/Inf; saving it would poison the resume."""
 

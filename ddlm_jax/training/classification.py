@@ -221,7 +221,6 @@ def _programs(ccfg: sc.ClassifierConfig, fast_compile: bool):
 def trainer_config(config) -> TrainerConfig:
   """The loop settings of a state-tracking config (checked ranges)."""
   tr, o = config.train, config.optim
-  check_range('optim.warmup_fraction', o.warmup_fraction, lo=0, hi=1)
   num_steps = check_range('train.num_steps', tr.num_steps, lo=1, integer=True)
   return config_lib.trainer_config(
     num_steps=num_steps,
@@ -237,7 +236,7 @@ def trainer_config(config) -> TrainerConfig:
     fast_compile=bool(tr.fast_compile),
     optimizer=config_lib.optimizer_config(
       learning_rate=o.learning_rate,
-      warmup_steps=int(round(o.warmup_fraction * num_steps)),
+      warmup_steps=config_lib.warmup_steps(o, num_steps),
       total_steps=num_steps,
       weight_decay=o.weight_decay,
       b1=o.b1,
@@ -376,9 +375,7 @@ def restore_state(config, workdir: str):
   found = ckpt.restore_latest(abstract)
   ckpt.close()
   if found is None:
-    raise FileNotFoundError(
-      f'No checkpoint in {workdir}/checkpoints; train first (--mode=train).'
-    )
+    raise checkpoint.no_checkpoint(workdir)
   return found[0]
 
 

@@ -141,6 +141,22 @@ def optimizer_config(
   )
 
 
+def warmup_steps(optim, num_steps: int) -> int:
+  """The warmup of a config's `optim` block, in steps (one rule for all).
+
+  `optim.warmup_fraction` (of num_steps; state tracking, planner stages)
+  where the block has it, else `optim.warmup_steps`.
+  """
+  if 'warmup_fraction' in optim:
+    fraction = check_range(
+      'optim.warmup_fraction', optim['warmup_fraction'], lo=0, hi=1
+    )
+    return int(round(fraction * num_steps))
+  return check_range(
+    'optim.warmup_steps', optim['warmup_steps'], lo=0, integer=True
+  )
+
+
 def trainer_config(*, prefix: str = 'train', **fields) -> TrainerConfig:
   """A TrainerConfig whose integer fields were range-checked.
 

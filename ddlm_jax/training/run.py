@@ -24,27 +24,17 @@ from ddlm_jax.evaluation.sample_run import sample_and_score
 from ddlm_jax.parallel import make_mesh
 from ddlm_jax.sampling.registry import sampler_from_config
 from ddlm_jax.training import builders, fit, steps, warm_start
-from ddlm_jax.training.checkpoint import Checkpointer
+from ddlm_jax.training.checkpoint import Checkpointer, no_checkpoint
 from ddlm_jax.training.config import (
   ConfigError,
   apply_overrides,
   check_range,
   optimizer_config,
   trainer_config,
+  warmup_steps,
 )
 from ddlm_jax.training.metrics import write_json
 from ddlm_jax.training.state import module_init, param_shardings, split_model
-
-
-class NoCheckpointError(FileNotFoundError):
-  """A run directory without a checkpoint to restore."""
-
-
-def no_checkpoint(workdir: str) -> NoCheckpointError:
-  """The one 'No checkpoint in ...' error of the suite."""
-  return NoCheckpointError(
-    f'No checkpoint in {workdir}/checkpoints; train first (--mode=train).'
-  )
 
 
 def lm_trainer_config(config) -> fit.TrainerConfig:
@@ -68,7 +58,7 @@ def lm_trainer_config(config) -> fit.TrainerConfig:
     mesh_shape=tuple(config.mesh.shape),
     optimizer=optimizer_config(
       learning_rate=o.learning_rate,
-      warmup_steps=o.warmup_steps,
+      warmup_steps=warmup_steps(o, tr.num_steps),
       total_steps=tr.num_steps,
       weight_decay=o.weight_decay,
       b1=o.b1,
@@ -242,7 +232,7 @@ class Run:
   def task(self) -> fit.Task:
     """Language modelling with this run's process, as a loop task."""
     config = self.config
-    init, _ = module_init(self.build)
+    init = module_init(self.build)
     abstract = self._abstract_params
 
     def evaluate(params, step):
@@ -268,6 +258,9 @@ class Run:
       check_batch=self._check_tokens,
       tokens_per_step=config.data.batch_size * config.data.seq_len,
       shown=('loss', 'nelbo_per_token', 'sm_w_s', 'sm_lambda'),
+      # Runs of one network and process (a halted run and its resumption,
+      # the seeds of a sweep) share one compiled train step.
+      cache_key=('lm', self.graphdef, self.process),
       describe_eval=lambda ev: (
         f'validation {ev["bits_per_token"]:.4f} +- '
         f'{ev["bits_per_token_stderr"]:.4f} bits/token'

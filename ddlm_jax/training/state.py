@@ -55,14 +55,13 @@ def param_shardings(abstract_state, mesh, rules=rules_lib.DEFAULT_RULES):
 
 
 def module_init(build: Callable[[], nnx.Module]):
-  """(init(key) -> pure param dict, abstract nnx State) for an NNX builder."""
-  _, abstract_state = split_model(build)
+  """init(key) -> pure parameter dict of the module `build` makes."""
 
   def init(key):
     model = build(rngs=nnx.Rngs(params=key))
     return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
-  return init, abstract_state
+  return init
 
 
 def init_state(
@@ -120,7 +119,7 @@ def init_train_state(
   Returns (graphdef, state, state_shardings).
   """
   graphdef, abstract_state = split_model(build)
-  init, _ = module_init(build)
+  init = module_init(build)
   state, shardings = init_state(
     init,
     tx,

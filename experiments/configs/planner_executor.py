@@ -113,7 +113,9 @@ def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
   c.optim.grad_clip = 1.0
 
   c.train = ml_collections.ConfigDict()
-  c.train.num_steps = 0  # > 0 caps every trainer's steps (quick runs)
+  # > 0 caps every stage's steps (quick runs); each stage's own length is
+  # its block's `steps` (planner.steps, executor.steps, latent.steps).
+  c.train.max_stage_steps = 0
   c.train.log_every = 200
   c.train.checkpoint_every = 1000
   c.train.fast_compile = False
@@ -145,7 +147,7 @@ def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
     c.reasoning.num_test_per_level = 4
     c.train.log_every = 1
     c.train.checkpoint_every = 3
-    c.train.num_steps = 3
+    c.train.max_stage_steps = 3
     c.train.fast_compile = True
     c.eval.batch_size = 8
   return c
