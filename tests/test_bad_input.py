@@ -41,6 +41,8 @@ def _config(**overrides):
     ({'sample.num_samples': -2}, 'sample.num_samples=-2'),
     ({'process.kind': 'mdml'}, "process.kind='mdml'"),
     ({'mesh.shape': (0, 1, 1)}, 'mesh.shape'),
+    ({'data.seq_len': 0}, 'data.seq_len=0'),
+    ({'data.batch_size': -8}, 'data.batch_size=-8'),
   ],
 )
 def test_refused_before_anything_runs(tmp_path, overrides, match):

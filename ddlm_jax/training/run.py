@@ -130,6 +130,7 @@ class Run:
         f'{builders.PROCESSES}.'
       )
     builders.check_model_sizes(config.model)
+    check_range('data.seq_len', config.data.seq_len, lo=1, integer=True)
     self.sampler = check_sample_config(
       config.sample, config.process.kind == 'ar'
     )
