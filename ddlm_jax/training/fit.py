@@ -285,22 +285,22 @@ def fit(
   mesh = mesh if mesh is not None else make_mesh(cfg.mesh_shape)
   is_main = jax.process_index() == 0
   built = built or build_state(task, cfg, mesh)
-  fit_args = {'config_record': config_record, 'restore': restore}
   lock = WorkdirLock(workdir, enabled=is_main and not locked)
   with lock:
     ckpt = Checkpointer(
       os.path.join(workdir, 'checkpoints'), max_to_keep=cfg.max_checkpoints
     )
     try:
-      return _fit(task, cfg, workdir, mesh, built, ckpt, wall0, fit_args)
+      return _fit(
+        task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore
+      )
     finally:
       ckpt.close()
 
 
-def _fit(task, cfg, workdir, mesh, built, ckpt, wall0, fit_args):
+def _fit(task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore):
   """The body of fit, with the lock held and the checkpointer open."""
   state, shardings, tx, schedule = built
-  config_record, restore = fit_args['config_record'], fit_args['restore']
   is_main = jax.process_index() == 0
   # The fresh state fills what a changed hyperparameter (optimizer chain,
   # EMA on or off) makes unrestorable; the checkpointer logs each change.
