@@ -30,17 +30,22 @@ def soft_mask_enabled(soft_mask) -> bool:
   return bool(soft_mask is not None and soft_mask.get('enabled', False))
 
 
+def check_process_kind(kind: str) -> str:
+  """`kind` if it names a process (checked before any data is read)."""
+  if kind not in PROCESSES:
+    raise ConfigError(
+      f'config.process.kind={kind!r}; choose one of {PROCESSES}.'
+    )
+  return kind
+
+
 def build_process(cfg, vocab_size: int, soft_mask=None):
   """Masked diffusion ('mdlm' / 'md4') or the AR twin ('ar').
 
   With config.soft_mask.enabled, masked diffusion trains and evaluates
   through soft-masking's two-pass path (diffusion.soft_masking).
   """
-  kind = cfg.kind
-  if kind not in PROCESSES:
-    raise ValueError(
-      f'config.process.kind={kind!r}; choose one of {PROCESSES}.'
-    )
+  kind = check_process_kind(cfg.kind)
   if kind == 'ar' and soft_mask_enabled(soft_mask):
     raise ValueError(
       'config.soft_mask.enabled needs a masked-diffusion process; the AR '
@@ -120,10 +125,6 @@ def model_builder(cfg, process, soft_mask=None):
   return lambda rngs: SoftMaskedModel(
     build(rngs), process.mask_id, SoftMaskInput(**sm)
   )
-
-
-def count_params(params) -> int:
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
 @dataclasses.dataclass

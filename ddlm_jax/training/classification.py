@@ -33,17 +33,16 @@ from flax import nnx
 from ddlm_jax.data import state_tracking as st
 from ddlm_jax.models import sequence_classifier as sc
 from ddlm_jax.models import ssm
-from ddlm_jax.parallel import make_mesh
-from ddlm_jax.training import checkpoint, metrics
 from ddlm_jax.training import config as config_lib
+from ddlm_jax.training import metrics
 from ddlm_jax.training.config import TrainerConfig, check_range
 from ddlm_jax.training.fit import (
   FAST_COMPILE,
   FitResult,
   Task,
   TrainingDivergedError,
-  build_state,
   fit,
+  restore_newest,
 )
 
 
@@ -363,20 +362,9 @@ def state_tracking_task(config) -> Task:
 
 def restore_state(config, workdir: str):
   """The newest checkpointed train state of a run (a clear error if none)."""
-  task = state_tracking_task(config)
-  cfg = trainer_config(config)
-  state, shardings, _, _ = build_state(task, cfg, make_mesh(cfg.mesh_shape))
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, 'checkpoints'))
-  abstract = jax.tree.map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-    state,
-    shardings,
+  return restore_newest(
+    state_tracking_task(config), trainer_config(config), workdir
   )
-  found = ckpt.restore_latest(abstract)
-  ckpt.close()
-  if found is None:
-    raise checkpoint.no_checkpoint(workdir)
-  return found[0]
 
 
 def score_best(config, state) -> tuple[dict, dict]:

@@ -25,10 +25,16 @@ import numpy as np
 
 from ddlm_jax.parallel import batch_sharding, make_mesh
 from ddlm_jax.training import metrics as metrics_lib
-from ddlm_jax.training.checkpoint import Checkpointer
+from ddlm_jax.training.checkpoint import Checkpointer, no_checkpoint
 from ddlm_jax.training.config import TrainerConfig
 from ddlm_jax.training.optimizer import make_optimizer
-from ddlm_jax.training.state import TrainState, init_state
+from ddlm_jax.training.state import (
+  TrainState,
+  abstract_state,
+  count_params,
+  eval_params,
+  init_state,
+)
 from ddlm_jax.training.steps import batch_size_weight, jit_step
 from ddlm_jax.training.workdir_lock import WorkdirLock
 
@@ -131,9 +137,7 @@ class FitResult:
   num_params: int
 
   def eval_params(self):
-    if self.config.eval_uses_ema and self.state.ema_params is not None:
-      return self.state.ema_params
-    return self.state.params
+    return eval_params(self.state, self.config.eval_uses_ema)
 
 
 class _Interrupts:
@@ -162,19 +166,7 @@ class _Interrupts:
       signal.signal(sig, previous)
 
 
-_COMPILED: dict = {}  # (task.cache_key, settings) -> (jitted init, step).
-
-
-def _count_params(params) -> int:
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
-
-
-def _abstract(state, shardings):
-  return jax.tree.map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-    state,
-    shardings,
-  )
+_COMPILED: dict = {}  # (task.cache_key, settings) -> jitted train step.
 
 
 def _to_device(batch: dict, sharding) -> dict:
@@ -210,6 +202,36 @@ def build_state(task: Task, cfg: TrainerConfig, mesh):
     init_extra=task.init_extra,
   )
   return state, shardings, tx, schedule
+
+
+def restore_latest(ckpt: Checkpointer, state, shardings):
+  """ckpt's newest (state, data_state, step) restored into `state`'s
+  shardings, or None.
+
+  The fresh `state` fills what a changed hyperparameter (optimizer chain,
+  EMA on or off) makes unrestorable; the checkpointer logs each change.
+  Every restore of the suite goes through here (training, eval, sample).
+  """
+  return ckpt.restore_latest(
+    abstract_state(state, shardings), initial_state=state
+  )
+
+
+def restore_newest(task: Task, cfg: TrainerConfig, workdir: str):
+  """The newest checkpointed state of a task's run in workdir.
+
+  For --mode=eval and back-filling tools; raises NoCheckpointError if the
+  run has no checkpoint.
+  """
+  state, shardings, _, _ = build_state(task, cfg, make_mesh(cfg.mesh_shape))
+  ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'))
+  try:
+    found = restore_latest(ckpt, state, shardings)
+  finally:
+    ckpt.close()
+  if found is None:
+    raise no_checkpoint(workdir)
+  return found[0]
 
 
 def _step_fn(task, cfg, tx, shardings, mesh):
@@ -302,9 +324,7 @@ def _fit(task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore):
   """The body of fit, with the lock held and the checkpointer open."""
   state, shardings, tx, schedule = built
   is_main = jax.process_index() == 0
-  # The fresh state fills what a changed hyperparameter (optimizer chain,
-  # EMA on or off) makes unrestorable; the checkpointer logs each change.
-  found = ckpt.restore_latest(_abstract(state, shardings), initial_state=state)
+  found = restore_latest(ckpt, state, shardings)
   data_state = {}
   if found is not None:
     state, data_state, start = found
@@ -332,7 +352,7 @@ def _fit(task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore):
     writer.drop_after(start)
   step_fn = _step_fn(task, cfg, tx, shardings, mesh)
   sharding = batch_sharding(mesh)
-  num_params = _count_params(state.params)
+  num_params = count_params(state.params)
   stop_at = cfg.num_steps
   if cfg.halt_after_steps:
     stop_at = min(stop_at, start + cfg.halt_after_steps)
@@ -409,10 +429,7 @@ def _fit(task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore):
         writer.write(step, 'train', record)
       stop = False
       if is_eval:
-        params = state.params
-        if cfg.eval_uses_ema and state.ema_params is not None:
-          params = state.ema_params
-        ev = task.evaluate(params, step)
+        ev = task.evaluate(eval_params(state, cfg.eval_uses_ema), step)
         writer.write(step, 'validation', ev)
         if task.describe_eval is not None:
           print(f'  eval step {step}: {task.describe_eval(ev)}', flush=True)

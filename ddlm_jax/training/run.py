@@ -34,7 +34,13 @@ from ddlm_jax.training.config import (
   warmup_steps,
 )
 from ddlm_jax.training.metrics import write_json
-from ddlm_jax.training.state import module_init, param_shardings, split_model
+from ddlm_jax.training.state import (
+  count_params,
+  eval_params,
+  module_init,
+  param_shardings,
+  split_model,
+)
 
 
 def lm_trainer_config(config) -> fit.TrainerConfig:
@@ -124,11 +130,7 @@ class Run:
     self._check_batch(config.eval.batch_size, 'eval.batch_size')
     # Everything checkable without data is checked before anything is
     # written (the tokenizer is the first file a new run writes).
-    if config.process.kind not in builders.PROCESSES:
-      raise ConfigError(
-        f'process.kind={config.process.kind!r}; choose one of '
-        f'{builders.PROCESSES}.'
-      )
+    builders.check_process_kind(config.process.kind)
     builders.check_model_sizes(config.model)
     check_range('data.seq_len', config.data.seq_len, lo=1, integer=True)
     self.sampler = check_sample_config(
@@ -143,11 +145,10 @@ class Run:
     self.model_config = builders.model_config(config.model, self.process)
     self.build = builders.model_builder(config.model, self.process, soft_mask)
     self.graphdef, self._abstract_params = split_model(self.build)
-    self._task = self.task()
     self.state, self.shardings, self.tx, self.lr_schedule = fit.build_state(
-      self._task, self.trainer_config, self.mesh
+      self.task(), self.trainer_config, self.mesh
     )
-    self.num_params = builders.count_params(self.state.params)
+    self.num_params = count_params(self.state.params)
     self._checkpointer = None
 
   @classmethod
@@ -186,16 +187,9 @@ class Run:
         '--config.mesh.shape.'
       )
 
-  def abstract_state(self):
-    return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      self.state,
-      self.shardings,
-    )
-
   def restore(self) -> int:
     """Restores the newest checkpoint if any; returns its step (or 0)."""
-    found = self.checkpointer.restore_latest(self.abstract_state())
+    found = fit.restore_latest(self.checkpointer, self.state, self.shardings)
     if found is None:
       return 0
     self.state, _, step = found
@@ -203,8 +197,7 @@ class Run:
     return step
 
   def eval_params(self):
-    use_ema = self.config.eval.use_ema and self.state.ema_params is not None
-    return self.state.ema_params if use_ema else self.state.params
+    return eval_params(self.state, self.trainer_config.eval_uses_ema)
 
   def forward_flops(self, batch: int, length: int) -> float:
     """Forward FLOPs of one network call, from the network that was built.

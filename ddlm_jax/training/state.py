@@ -13,6 +13,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -32,6 +33,26 @@ class TrainState:
   # Task-owned pytree carried and checkpointed with the state (e.g. the
   # best-validation parameters of state tracking); None when unused.
   extra: Any = None
+
+
+def abstract_state(state, shardings):
+  """ShapeDtypeStructs with shardings: the restore target of a state."""
+  return jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+    state,
+    shardings,
+  )
+
+
+def count_params(params) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
+
+
+def eval_params(state: TrainState, use_ema: bool):
+  """The EMA parameters when asked for and kept, else the raw ones."""
+  if use_ema and state.ema_params is not None:
+    return state.ema_params
+  return state.params
 
 
 def split_model(build: Callable[[], nnx.Module]):
