@@ -43,6 +43,80 @@ def _config(**overrides):
     ({'mesh.shape': (0, 1, 1)}, 'mesh.shape'),
     ({'data.seq_len': 0}, 'data.seq_len=0'),
     ({'data.batch_size': -8}, 'data.batch_size=-8'),
+    # Process families (issues 16, 17): a sampler that does not apply, a
+    # uniform process without time conditioning, nonsense process options.
+    ({'sample.sampler': 'uniform_ancestral'}, 'for a masked process use'),
+    ({'sample.sampler': 'block'}, 'block applies to block processes'),
+    ({'process.kind': 'udlm'}, 'model.time_conditioning=True'),
+    (
+      {'process.kind': 'udlm', 'model.time_conditioning': True},
+      'ancestral applies to masked processes; for a uniform process use one '
+      "of \\['loo_gibbs', 'psi', 'uniform_ancestral'\\]",
+    ),
+    (
+      {
+        'process.kind': 'udlm',
+        'model.time_conditioning': True,
+        'process.parameterization': 'plugin',
+      },
+      'parameterization',
+    ),
+    (
+      {
+        'process.kind': 'interpolating',
+        'model.time_conditioning': True,
+        'process.mixing': 1.5,
+        'sample.sampler': 'psi',
+      },
+      'mixing',
+    ),
+    (
+      {
+        'process.kind': 'bd3',
+        'process.block_size': 5,
+        'sample.sampler': 'block',
+      },
+      'does not divide data.seq_len=32',
+    ),
+    (
+      {
+        'process.kind': 'bd3',
+        'process.block_size': 64,
+        'sample.sampler': 'block',
+      },
+      'process.block_size=64 does not divide',
+    ),
+    (
+      {
+        'process.kind': 'bd3',
+        'model.backbone': 'hybrid',
+        'sample.sampler': 'block',
+      },
+      'transformer backbone',
+    ),
+    (
+      {'process.kind': 'bd3', 'sample.sampler': 'block:inner=loo_gibbs'},
+      "inner sampler 'loo_gibbs'",
+    ),
+    (
+      {
+        'process.kind': 'duo',
+        'model.time_conditioning': True,
+        'process.curriculum_steps': 3,
+        'process.tau': 0.0,
+        'sample.sampler': 'uniform_ancestral',
+      },
+      'tau',
+    ),
+    (
+      {
+        'process.kind': 'udlm',
+        'model.time_conditioning': True,
+        'soft_mask.enabled': True,
+        'sample.sampler': 'uniform_ancestral',
+      },
+      'soft_mask.enabled needs a masked-diffusion process',
+    ),
   ],
 )
 def test_refused_before_anything_runs(tmp_path, overrides, match):

@@ -196,6 +196,51 @@ def test_accumulation_weights_micro_batches_by_their_tokens():
   assert abs(mean_of_means - float(full[0])) > 1e-3
 
 
+def test_a_step_dependent_process_sees_the_global_step(monkeypatch):
+  """Processes with uses_step (Duo's curriculum) get state.step, per
+  micro-batch too; other processes get no step argument at all."""
+  import optax
+
+  from ddlm_jax.training.state import TrainState
+
+  class StepProcess:
+    uses_step = True
+
+    def loss(self, apply, key, x_BxL, loss_mask_BxL=None, step=None):
+      del apply, key, loss_mask_BxL
+      value_B = jnp.full((x_BxL.shape[0],), 1.0) * step.astype(jnp.float32)
+      return value_B * x_BxL.shape[1], value_B * x_BxL.shape[1], {}
+
+  class PlainProcess(StepProcess):
+    uses_step = False
+
+    def loss(self, apply, key, x_BxL, loss_mask_BxL=None):
+      return super().loss(apply, key, x_BxL, loss_mask_BxL, step=jnp.int32(0))
+
+  monkeypatch.setattr(steps, 'make_apply', lambda graphdef, params: None)
+  graphdef = None
+  tx = optax.sgd(0.0)
+  params = {'w': jnp.zeros(())}
+  state = TrainState(
+    step=jnp.int32(7),
+    params=params,
+    opt_state=tx.init(params),
+    ema_params=None,
+    rng=jax.random.key(0),
+    bad_step=jnp.int32(-1),
+    extra=None,
+  )
+  batch = {'tokens': jnp.zeros((4, 3), jnp.int32)}
+  for process, expect in ((StepProcess(), 7.0), (PlainProcess(), 0.0)):
+    loss = steps.lm_loss(graphdef, process)
+    for accum in (1, 2):
+      _, metrics = steps.train_step(
+        state, batch, loss=loss, tx=tx, ema_decay=0.0, accum_steps=accum,
+        weight=steps.lm_weight,
+      )  # fmt: skip
+      assert float(metrics['loss']) == expect
+
+
 @pytest.mark.parametrize(
   'field,value,match',
   [

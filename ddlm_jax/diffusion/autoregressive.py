@@ -23,6 +23,8 @@ class Autoregressive:
 
   causal = True
   loss_type = 'nll'
+  family = 'autoregressive'
+  requires_time_conditioning = False
 
   @property
   def bos_id(self) -> int:

@@ -74,6 +74,8 @@ class MaskedDiffusion:
   loss_type: str = 'elbo'
 
   causal = False
+  family = 'masked'
+  requires_time_conditioning = False
 
   def __post_init__(self):
     if self.loss_type not in LOSS_TYPES:

@@ -22,8 +22,9 @@ from ddlm_jax.evaluation.sample_metrics import (
   sample_quality,
   throughput,
 )
+from ddlm_jax.sampling import block as block_sampling
 from ddlm_jax.sampling.autoregressive import autoregressive_sample
-from ddlm_jax.sampling.common import prefix_prompt
+from ddlm_jax.sampling.common import generate_id, prefix_prompt
 from ddlm_jax.sampling.registry import sampler_from_config
 
 
@@ -101,23 +102,26 @@ def draw_samples(
       apply = (apply, light)
       flops_per_call.append(model_flops(light_run, num_samples, length))
     prompt = None if prompt_BxL is None else jnp.asarray(prompt_BxL)
-    fn = lambda key: sampler(
-      apply,
-      key,
-      run.process,
-      batch=num_samples,
-      length=length,
-      prompt_BxL=prompt,
-    )
+    kwargs = dict(batch=num_samples, length=length, prompt_BxL=prompt)
+    if hasattr(sampler, 'generate'):
+      # Block samplers: each call runs one block against the KV cache, so
+      # FLOPs come from the work they count, not NFE x a full forward.
+      def fn(key):
+        out = sampler.generate(apply, key, run.process, **kwargs)
+        return out.tokens_BxL, out.nfe, out.cost
+
+    else:
+      fn = lambda key: sampler(apply, key, run.process, **kwargs)
     name, steps = sampler.name, getattr(sampler, 'num_steps', length)
   compiled = jax.jit(fn).lower(jax.random.key(seed)).compile()
-  tokens, nfes, seconds = [], [], 0.0
+  tokens, nfes, seconds, work = [], [], 0.0, []
   for r in range(calls):
     t0 = time.perf_counter()
-    tok, nfe = compiled(jax.random.key(seed + r))
+    tok, nfe, *cost_of_call = compiled(jax.random.key(seed + r))
     tokens.append(np.asarray(tok))
     seconds += time.perf_counter() - t0
     nfes.append(np.asarray(nfe))
+    work += cost_of_call
     if calls > 1:
       print(
         f'sampling: batch {r + 1}/{calls} ({(r + 1) * num_samples} '
@@ -128,7 +132,13 @@ def draw_samples(
   nfe = np.mean(nfes, axis=0)  # per call
   total = tokens.shape[0]
   stats = throughput(total, length, seconds, nfe)
-  flops = sum(cost.sampling_flops(n, flops_per_call) for n in nfes)
+  if work:
+    flops = sum(
+      block_sampling.estimate_flops(run.model_config, w, num_samples)
+      for w in work
+    )
+  else:
+    flops = sum(cost.sampling_flops(n, flops_per_call) for n in nfes)
   stats.update(
     sampler=name,
     sampler_params=_params_of(sampler),
@@ -187,7 +197,9 @@ def sample_and_score(run, *, scorer=None, scorer_run=None, light_run=None):
   prefix = _cfg_get(cfg, 'prefix', '')
   if prefix and not run.process.causal:
     ids = run.data.tokenizer.encode(prefix)[None].repeat(batch, 0)
-    prompt = prefix_prompt(ids, run.config.data.seq_len, run.process.mask_id)
+    prompt = prefix_prompt(
+      ids, run.config.data.seq_len, generate_id(run.process)
+    )
   tokens, stats = draw_samples(
     run,
     num_samples=batch,

@@ -1,14 +1,23 @@
 """Multi-head attention with rotary positions and one dispatch point.
 
 `attend` is the only place that computes softmax attention. impl='xla' is a
-plain einsum-softmax-einsum in XLA; 'pallas', 'interpret' and 'auto' go
-through `pallas_kernels.attention` (flash attention with masks described per
-tile). Heads are kept in [B, H, L, K] layout from one fused QKV projection:
-on XLA's CPU backend the per-tensor transposes of the [B, L, H, K] layout
-cost more than the attention matmuls themselves.
+plain einsum-softmax-einsum in XLA (a `pallas_kernels.MaskSpec`, if given,
+is materialised as a dense boolean mask); 'pallas', 'interpret' and 'auto'
+go through `pallas_kernels.attention` (flash attention with masks described
+per tile). Heads are kept in [B, H, L, K] layout from one fused QKV
+projection: on XLA's CPU backend the per-tensor transposes of the
+[B, L, H, K] layout cost more than the attention matmuls themselves.
+
+Block diffusion (BD3-LM) needs two more things, both here: a described mask
+with rotary positions that repeat over the two halves of concat(z_t, x)
+(`AttentionContext`), and attention of a block against a key/value cache of
+the clean blocks before it (`SelfAttention.cached`).
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,13 +27,27 @@ from ddlm_jax.models.layers import Dense
 
 ATTENTION_IMPLS = ('xla', 'auto', 'pallas', 'interpret')
 
+# One layer's cache: (keys, values), each [B, H, max_len, K], keys rotated.
+LayerCache = tuple[jax.Array, jax.Array]
 
-def rotary(x_BxHxLxK: jax.Array, theta: float = 10_000.0) -> jax.Array:
-  """Rotary position embedding (rotate-half form); positions on axis -2."""
+
+def rotary(
+  x_BxHxLxK: jax.Array,
+  theta: float = 10_000.0,
+  positions_L: jax.Array | None = None,
+) -> jax.Array:
+  """Rotary position embedding (rotate-half form); positions on axis -2.
+
+  `positions_L` (default 0..L-1) may repeat or start anywhere, and may be
+  traced: block diffusion shares positions between its two halves and a
+  cached block sits at an offset.
+  """
   length, dim = x_BxHxLxK.shape[-2], x_BxHxLxK.shape[-1]
   half = dim // 2
+  if positions_L is None:
+    positions_L = jnp.arange(length)
   freqs_F = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angles_LxF = jnp.arange(length, dtype=jnp.float32)[:, None] * freqs_F
+  angles_LxF = jnp.asarray(positions_L, jnp.float32)[:, None] * freqs_F
   cos, sin = jnp.cos(angles_LxF), jnp.sin(angles_LxF)
   x32 = x_BxHxLxK.astype(jnp.float32)
   x1, x2 = x32[..., :half], x32[..., half:]
@@ -32,40 +55,103 @@ def rotary(x_BxHxLxK: jax.Array, theta: float = 10_000.0) -> jax.Array:
   return out.astype(x_BxHxLxK.dtype)
 
 
-def xla_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, *, causal: bool):
-  """Reference softmax attention in XLA (float32 softmax)."""
+def xla_attention(
+  q_BxHxLxK,
+  k_BxHxSxK,
+  v_BxHxSxK,
+  *,
+  causal: bool,
+  allowed: jax.Array | None = None,
+):
+  """Reference softmax attention in XLA (float32 softmax).
+
+  `allowed` is a boolean mask broadcastable to [B, H, L, S] (True = may
+  attend); rows must allow at least one key.
+  """
   scale = q_BxHxLxK.shape[-1] ** -0.5
-  s_BxHxLxL = jnp.einsum('bhqd,bhkd->bhqk', q_BxHxLxK, k_BxHxLxK) * scale
-  s_BxHxLxL = s_BxHxLxL.astype(jnp.float32)
+  s_BxHxLxS = jnp.einsum('bhqd,bhkd->bhqk', q_BxHxLxK, k_BxHxSxK) * scale
+  s_BxHxLxS = s_BxHxLxS.astype(jnp.float32)
   if causal:
-    length = s_BxHxLxL.shape[-1]
+    length = s_BxHxLxS.shape[-1]
     allowed = jnp.tril(jnp.ones((length, length), bool))
-    s_BxHxLxL = jnp.where(allowed, s_BxHxLxL, -1e30)
-  p_BxHxLxL = jax.nn.softmax(s_BxHxLxL, axis=-1).astype(v_BxHxLxK.dtype)
-  return jnp.einsum('bhqk,bhkd->bhqd', p_BxHxLxL, v_BxHxLxK)
+  if allowed is not None:
+    s_BxHxLxS = jnp.where(allowed, s_BxHxLxS, -1e30)
+  p_BxHxLxS = jax.nn.softmax(s_BxHxLxS, axis=-1).astype(v_BxHxSxK.dtype)
+  return jnp.einsum('bhqk,bhkd->bhqd', p_BxHxLxS, v_BxHxSxK)
 
 
 def attend(
   q_BxHxLxK: jax.Array,
-  k_BxHxLxK: jax.Array,
-  v_BxHxLxK: jax.Array,
+  k_BxHxSxK: jax.Array,
+  v_BxHxSxK: jax.Array,
   *,
   causal: bool,
   impl: str = 'xla',
+  mask: Any = None,
 ) -> jax.Array:
-  """Softmax attention, bidirectional or causal, in [B, H, L, K] layout."""
+  """Softmax attention in [B, H, L, K] layout.
+
+  Bidirectional, causal, or any `pallas_kernels.MaskSpec` (`mask`, with
+  causal=False): impl='xla' materialises it densely, the other impls hand
+  it to the flash kernel, which skips the tiles it rules out.
+  """
   if impl not in ATTENTION_IMPLS:
     raise ValueError(
       f'attention impl {impl!r}; choose one of {ATTENTION_IMPLS}.'
     )
+  if causal and mask is not None:
+    raise ValueError(
+      'attend got causal=True and a mask; pass one of them (e.g. '
+      'MaskSpec.causal() as the mask).'
+    )
   if impl == 'xla':
-    return xla_attention(q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, causal=causal)
+    allowed = None
+    if mask is not None:
+      allowed = _dense_mask(mask, q_BxHxLxK.shape, k_BxHxSxK.shape[2])
+    return xla_attention(
+      q_BxHxLxK, k_BxHxSxK, v_BxHxSxK, causal=causal, allowed=allowed
+    )
   import pallas_kernels  # Imported lazily: XLA-only users never load Pallas.
 
-  mask = pallas_kernels.MaskSpec.causal() if causal else None
+  if mask is None and causal:
+    mask = pallas_kernels.MaskSpec.causal()
   return pallas_kernels.attention(
-    q_BxHxLxK, k_BxHxLxK, v_BxHxLxK, mask=mask, impl=impl
+    q_BxHxLxK, k_BxHxSxK, v_BxHxSxK, mask=mask, impl=impl
   )
+
+
+def _dense_mask(mask, q_shape, keys: int) -> jax.Array:
+  """A MaskSpec as a boolean array broadcastable to [B, H, L, S].
+
+  Static kinds are computed from position iotas inside the program (one
+  [L, S] array, never a host constant of that size); the others through
+  MaskSpec.dense.
+  """
+  from pallas_kernels.attention.mask import static_allowed
+
+  batch, _, length, _ = q_shape
+  mask.validate(batch, length, keys)
+  if not mask.is_static:
+    return mask.dense(batch, length, keys)[:, None]
+  q_Lx1 = jax.lax.broadcasted_iota(jnp.int32, (length, 1), 0)
+  k_1xS = jax.lax.broadcasted_iota(jnp.int32, (1, keys), 1)
+  return jnp.broadcast_to(static_allowed(mask, q_Lx1, k_1xS), (length, keys))
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionContext:
+  """What a self-attention layer needs beyond its input, for one call.
+
+  `layers.Block` hands its mixer argument through, so the transformer passes
+  this to every attention layer. Both fields are static (built on the host).
+
+  Attributes:
+    mask: a `pallas_kernels.MaskSpec` (None: the layer's own causal flag).
+    positions_L: rotary positions of the L inputs (None: 0..L-1).
+  """
+
+  mask: Any = None
+  positions_L: Any = None  # noqa: N815
 
 
 class SelfAttention(nnx.Module):
@@ -103,14 +189,58 @@ class SelfAttention(nnx.Module):
     )
     self.causal, self.impl, self.rope_theta = causal, impl, rope_theta
 
-  def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
+  def project(self, x_BxLxD: jax.Array, positions_L=None):
+    """(q, k, v) in [B, H, L, K], q and k rotated at `positions_L`."""
     qkv_3xBxHxLxK = jnp.transpose(self.qkv(x_BxLxD), (2, 0, 3, 1, 4))
     q, k, v = qkv_3xBxHxLxK[0], qkv_3xBxHxLxK[1], qkv_3xBxHxLxK[2]
+    q = rotary(q, self.rope_theta, positions_L)
+    k = rotary(k, self.rope_theta, positions_L)
+    return q, k, v
+
+  def __call__(
+    self, x_BxLxD: jax.Array, ctx: AttentionContext | None = None
+  ) -> jax.Array:
+    ctx = AttentionContext() if ctx is None else ctx
+    if self.causal and ctx.mask is not None:
+      raise ValueError(
+        'a causal attention layer got a mask; build the model with '
+        'causal=False to use masks such as block diffusion.'
+      )
+    q, k, v = self.project(x_BxLxD, ctx.positions_L)
     o_BxHxLxK = attend(
-      rotary(q, self.rope_theta),
-      rotary(k, self.rope_theta),
-      v,
-      causal=self.causal,
-      impl=self.impl,
+      q, k, v, causal=self.causal, impl=self.impl, mask=ctx.mask
     )
     return self.out(jnp.transpose(o_BxHxLxK, (0, 2, 1, 3)))
+
+  def cached(
+    self, x_BxNxD: jax.Array, cache: LayerCache, start
+  ) -> tuple[jax.Array, LayerCache]:
+    """N inputs at positions start..start+N-1 against a key/value cache.
+
+    The block's keys and values are written into the cache at `start`; the
+    block attends (bidirectionally) to every cached position < start and to
+    itself. Returns the output and the updated cache; callers that only
+    want the output drop the cache. `start` may be traced.
+    """
+    k_cache, v_cache = cache
+    batch, n = x_BxNxD.shape[0], x_BxNxD.shape[1]
+    max_len = k_cache.shape[2]
+    positions_N = start + jnp.arange(n, dtype=jnp.int32)
+    q, k, v = self.project(x_BxNxD, positions_N)
+    at = (0, 0, start, 0)
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), at)
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype), at)
+    import pallas_kernels  # Lazily, as in attend: only MaskSpec is needed.
+
+    valid_BxT = jnp.broadcast_to(
+      jnp.arange(max_len) < start + n, (batch, max_len)
+    )
+    o_BxHxNxK = attend(
+      q,
+      k_cache.astype(q.dtype),
+      v_cache.astype(v.dtype),
+      causal=False,
+      impl=self.impl,
+      mask=pallas_kernels.MaskSpec.full(valid_BxT),
+    )
+    return self.out(jnp.transpose(o_BxHxNxK, (0, 2, 1, 3))), (k_cache, v_cache)

@@ -5,6 +5,14 @@ bidirectional or causal attention, optional adaLN time conditioning, tied or
 untied head. The forward pass is split (`embed`, `backbone`, `logits`) so
 input layers such as soft-masking can replace the embedding and planners can
 read hidden states.
+
+Block diffusion (BD3-LM, `block_size > 0`): the input is concat(z_t, x) of
+length 2L, attention uses `MaskSpec.block_diffusion` and both halves share
+the rotary positions 0..L-1, so one pass gives every block's denoiser
+conditioned on the clean blocks before it. For sampling, `init_cache`,
+`extend_cache` and `block_logits` run one block at a time against a
+key/value cache of the clean blocks (pure functions of the module; `start`
+may be traced).
 """
 
 from __future__ import annotations
@@ -13,10 +21,16 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from ddlm_jax.models import layers
-from ddlm_jax.models.attention import ATTENTION_IMPLS, SelfAttention
+from ddlm_jax.models.attention import (
+  ATTENTION_IMPLS,
+  AttentionContext,
+  LayerCache,
+  SelfAttention,
+)
 from ddlm_jax.models.layers import (
   MLP,
   Dense,
@@ -29,6 +43,25 @@ from ddlm_jax.models.layers import (
 ONE_HOT_EMBED_MAX_VOCAB = 512
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+# Key/value cache of a whole model: one LayerCache (keys, values) per block.
+KVCache = tuple[LayerCache, ...]
+
+
+def check_block_size(block_size, seq_len: int) -> None:
+  """Raises ValueError unless block_size is an int in [1, seq_len] dividing
+  seq_len (the length of one half of concat(z_t, x))."""
+  if isinstance(block_size, bool) or not isinstance(block_size, int):
+    raise ValueError(
+      f'block_size must be a static Python int, got {block_size!r}.'
+    )
+  if block_size < 1:
+    raise ValueError(f'block_size must be >= 1, got {block_size}.')
+  if block_size > seq_len or seq_len % block_size:
+    raise ValueError(
+      f'block_size={block_size} does not divide the sequence length '
+      f'{seq_len}; choose a block size that divides the length.'
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +83,9 @@ class TransformerConfig:
   attention_impl: str = 'xla'
   dtype: str = 'float32'  # Compute dtype; parameters stay float32.
   remat: bool = False  # Rematerialise each block in the backward pass.
+  # > 0: block diffusion with blocks of this many tokens; inputs are
+  # concat(z_t, x) of length 2L (see the module docstring).
+  block_size: int = 0
 
   def __post_init__(self):
     if self.attention_impl not in ATTENTION_IMPLS:
@@ -61,6 +97,16 @@ class TransformerConfig:
       raise ValueError(f'dtype={self.dtype!r}; choose one of {list(DTYPES)}.')
     if self.input_vocab_size < self.vocab_size:
       raise ValueError('input_vocab_size must be >= vocab_size.')
+    if not isinstance(self.block_size, int) or self.block_size < 0:
+      raise ValueError(
+        f'block_size={self.block_size!r}; use 0 (no block diffusion) or '
+        'the block length, an int >= 1.'
+      )
+    if self.block_size and self.causal:
+      raise ValueError(
+        'block_size > 0 (block diffusion) needs causal=False: its own mask '
+        'replaces the causal one.'
+      )
 
   @property
   def hidden_dim(self) -> int:
@@ -94,6 +140,31 @@ class Block(layers.Block):
       cond_dim=cfg.cond_dim if cfg.time_conditioning else 0,
       mixer_name='attn',
     )
+
+  def cached(
+    self, x_BxNxD: jax.Array, c_BxC, cache: LayerCache, start
+  ) -> tuple[jax.Array, LayerCache]:
+    """The block on N inputs at start.. against its attention's cache.
+
+    Same residual arithmetic as `layers.Block.__call__` with the attention
+    replaced by `SelfAttention.cached` (which also returns the cache);
+    tests/test_block_diffusion.py checks it against the full 2L pass.
+    """
+    if self.modulation is None:
+      y, cache = self.attn.cached(self.norm1(x_BxNxD), cache, start)
+      x_BxNxD = x_BxNxD + y
+      return x_BxNxD + self.mlp(self.norm2(x_BxNxD)), cache
+    if c_BxC is None:
+      raise ValueError('This block is time-conditioned: pass c_BxC.')
+    mod_Bx6x1xD = self.modulation(c_BxC)[:, :, None, :].astype(x_BxNxD.dtype)
+    shift1, scale1, gate1, shift2, scale2, gate2 = [
+      mod_Bx6x1xD[:, i] for i in range(6)
+    ]
+    h = self.norm1(x_BxNxD) * (1 + scale1) + shift1
+    y, cache = self.attn.cached(h, cache, start)
+    x_BxNxD = x_BxNxD + (1 + gate1) * y
+    h = self.norm2(x_BxNxD) * (1 + scale2) + shift2
+    return x_BxNxD + (1 + gate2) * self.mlp(h), cache
 
 
 class Transformer(nnx.Module):
@@ -134,8 +205,17 @@ class Transformer(nnx.Module):
     )
 
   def embed(self, tokens_BxL: jax.Array) -> jax.Array:
+    """Token ids [B, L], or soft inputs [B, L, V_in] (rows on the simplex,
+    e.g. Duo's tempered-softmax latent), to embeddings [B, L, D]."""
     dtype = DTYPES[self.cfg.dtype]
     table_VxD = self.embedding[...].astype(dtype)
+    if tokens_BxL.ndim == 3:
+      if tokens_BxL.shape[-1] != table_VxD.shape[0]:
+        raise ValueError(
+          f'soft inputs have {tokens_BxL.shape[-1]} classes; the embedding '
+          f'has {table_VxD.shape[0]} rows.'
+        )
+      return tokens_BxL.astype(dtype) @ table_VxD
     if self.cfg.input_vocab_size <= ONE_HOT_EMBED_MAX_VOCAB:
       # Small vocabularies: a one-hot matmul, whose backward is a matmul
       # instead of a scatter-add (far faster on CPU, cheap in FLOPs).
@@ -152,15 +232,55 @@ class Transformer(nnx.Module):
     c_BxC = jax.nn.silu(self.time_mlp[0](c_BxC))
     return jax.nn.silu(self.time_mlp[1](c_BxC))
 
-  def backbone(self, x_BxLxD: jax.Array, t_B=None) -> jax.Array:
-    """Blocks and final norm over input embeddings: hidden states."""
+  def backbone(
+    self,
+    x_BxLxD: jax.Array,
+    t_B=None,
+    *,
+    ctx: AttentionContext | None = None,
+  ) -> jax.Array:
+    """Blocks and final norm over input embeddings: hidden states.
+
+    `ctx` (a static attention mask and rotary positions, see
+    `block_diffusion_context`) reaches every attention layer; the backbone
+    must then be attention-only.
+    """
     c_BxC = self.condition(t_B)
-    call = lambda block, x, c: block(x, c)
+    call = lambda block, x, c: block(x, c, ctx)
     if self.cfg.remat:
       call = nnx.remat(call)
     for block in self.blocks:
       x_BxLxD = call(block, x_BxLxD, c_BxC)
     return self.final_norm(x_BxLxD)
+
+  def _check_attention_only(self):
+    if not all(isinstance(block, Block) for block in self.blocks):
+      raise ValueError(
+        'block diffusion needs an attention-only backbone: a state-space '
+        'layer would mix the clean half into the noisy one. Use '
+        "model.backbone='transformer'."
+      )
+    if self.cfg.causal:
+      raise ValueError('block diffusion needs a model built with causal=False.')
+
+  def block_diffusion_context(
+    self, total_len: int, block_size: int
+  ) -> AttentionContext:
+    """Mask and rotary positions of concat(z_t, x), total_len = 2L."""
+    import pallas_kernels  # Lazily, as attention.attend does.
+
+    self._check_attention_only()
+    if total_len % 2:
+      raise ValueError(
+        f'block diffusion takes concat(z_t, x) of even length 2L; got '
+        f'{total_len} tokens.'
+      )
+    seq_len = total_len // 2
+    check_block_size(block_size, seq_len)
+    return AttentionContext(
+      mask=pallas_kernels.MaskSpec.block_diffusion(block_size, seq_len),
+      positions_L=np.arange(total_len) % seq_len,
+    )
 
   def logits(self, h_BxLxD: jax.Array) -> jax.Array:
     if self.head is None:
@@ -171,5 +291,72 @@ class Transformer(nnx.Module):
       out = self.head(h_BxLxD)
     return out.astype(jnp.float32)
 
-  def __call__(self, tokens_BxL: jax.Array, t_B=None) -> jax.Array:
-    return self.logits(self.backbone(self.embed(tokens_BxL), t_B))
+  def __call__(
+    self, tokens_BxL: jax.Array, t_B=None, *, block_size: int | None = None
+  ) -> jax.Array:
+    """Logits [B, L, V]; with block diffusion L = 2L' over concat(z_t, x).
+
+    `block_size` (a static int) overrides cfg.block_size for this call, so
+    one network can train on several block sizes; 0 is a plain pass.
+    """
+    size = self.cfg.block_size if block_size is None else block_size
+    if size == 0:
+      return self.logits(self.backbone(self.embed(tokens_BxL), t_B))
+    ctx = self.block_diffusion_context(tokens_BxL.shape[1], size)
+    return self.logits(self.backbone(self.embed(tokens_BxL), t_B, ctx=ctx))
+
+  # ------------------------------------------------- block-diffusion cache --
+
+  def init_cache(self, batch: int, max_len: int) -> KVCache:
+    """Zero keys/values [B, H, max_len, K] per layer, in the compute dtype.
+
+    max_len may exceed the training length (rotary extrapolates).
+    """
+    self._check_attention_only()
+    heads = self.cfg.num_heads
+    shape = (batch, heads, max_len, self.cfg.width // heads)
+    zeros = jnp.zeros(shape, DTYPES[self.cfg.dtype])
+    return tuple((zeros, zeros) for _ in self.blocks)
+
+  def _cached(self, tokens_BxN, cache: KVCache, start, t_B):
+    """Hidden states of a block at start.. and the cache with its K/V."""
+    self._check_attention_only()
+    if len(cache) != len(self.blocks):
+      raise ValueError(
+        f'cache has {len(cache)} layers, the model {len(self.blocks)}; '
+        'build it with model.init_cache.'
+      )
+    n, max_len = tokens_BxN.shape[1], cache[0][0].shape[2]
+    if isinstance(start, int) and not 0 <= start <= max_len - n:
+      raise ValueError(
+        f'a block of {n} tokens at start={start} does not fit the cache of '
+        f'max_len={max_len}; build a longer cache with init_cache.'
+      )
+    x_BxNxD = self.embed(tokens_BxN)
+    c_BxC = self.condition(t_B)
+    new = []
+    for block, layer_cache in zip(self.blocks, cache):
+      x_BxNxD, layer_cache = block.cached(x_BxNxD, c_BxC, layer_cache, start)
+      new.append(layer_cache)
+    return self.final_norm(x_BxNxD), tuple(new)
+
+  def block_logits(
+    self, z_BxN: jax.Array, cache: KVCache, start, t_B=None
+  ) -> jax.Array:
+    """Logits [B, N, V] of a (noisy) block at positions start..start+N-1.
+
+    It attends to the cached clean positions < start and to itself,
+    bidirectionally; the cache is not changed.
+    """
+    h_BxNxD, _ = self._cached(z_BxN, cache, start, t_B)
+    return self.logits(h_BxNxD)
+
+  def extend_cache(
+    self, x_BxN: jax.Array, cache: KVCache, start, t_B=None
+  ) -> KVCache:
+    """The cache with a clean block's keys/values written at start...
+
+    The block attends to the cache before `start` and to itself, as a clean
+    block does in the 2L training pass (block-causal).
+    """
+    return self._cached(x_BxN, cache, start, t_B)[1]

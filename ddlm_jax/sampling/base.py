@@ -1,4 +1,4 @@
-"""The interface every masked-diffusion sampler implements.
+"""The interface every diffusion sampler implements.
 
 A sampler is a frozen (hashable) dataclass of its parameters, checked when it
 is built, before any tracing. Calling it,
@@ -9,10 +9,16 @@ is built, before any tracing. Calling it,
 draws `batch` sequences; it is pure and jit-compatible, and the same key
 gives the same tokens. `nfe` is an int32 scalar counting executed network
 calls (model scheduling returns one count per network, see scheduling.py).
-Prompts put the mask id at the positions to generate; every other position
-is fixed. `fill(apply, key, process, z_BxL, window_BxL)` is the inner
-routine: it fills the masked positions inside a window, which lets the
-semi-autoregressive sampler run any sampler block by block.
+Prompts put the generate id (the mask id; V for uniform-state processes) at
+the positions to generate, or are a pair (tokens_BxL, keep_BxL); every other
+position is fixed (common.initial_state). `fill(apply, key, process, z_BxL,
+window_BxL)` is the inner routine: it fills the positions holding the
+generate id inside a window, which lets the semi-autoregressive sampler run
+any sampler block by block.
+
+Each sampler declares the process families it applies to (`families`, see
+common.process_family); calling it on another family raises a ValueError
+that lists the registered samplers which do apply.
 """
 
 from __future__ import annotations
@@ -24,7 +30,16 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from ddlm_jax.sampling.common import check_process, initial_state
+from ddlm_jax.sampling.common import (
+  check_process,
+  initial_state,
+  process_family,
+)
+
+# The registry's table, name -> sampler class. registry.py fills it when it
+# is imported (always, through the package __init__); base.py cannot import
+# the registry, which imports it. Only used to word incompatibility errors.
+REGISTERED: dict[str, type] = {}
 
 
 def build(samplers: dict, name: str, **params):
@@ -44,6 +59,33 @@ def build(samplers: dict, name: str, **params):
       f'sampler {name!r} does not take {unknown}; it takes {list(allowed)}.'
     )
   return samplers[name](**params)
+
+
+def compatible_samplers(family: str, table: dict | None = None) -> list[str]:
+  """Names in the table (default: the registry's) that apply to `family`."""
+  table = REGISTERED if table is None else table
+  return sorted(
+    name
+    for name, cls in table.items()
+    if family in getattr(cls, 'families', ('masked',))
+  )
+
+
+def check_family(sampler, process, table: dict | None = None) -> str:
+  """The process family; ValueError if `sampler` does not apply to it."""
+  family = process_family(process)
+  families = tuple(getattr(type(sampler), 'families', ('masked',)))
+  if family not in families:
+    others = compatible_samplers(family, table)
+    hint = (
+      f'for a {family} process use one of {others}'
+      if others
+      else f'no registered sampler applies to {family} processes'
+    )
+    raise ValueError(
+      f'{sampler.name} applies to {" and ".join(families)} processes; {hint}.'
+    )
+  return family
 
 
 def require_int(name: str, value, minimum: int) -> int:
@@ -74,6 +116,8 @@ class Sampler(abc.ABC):
   caches: ClassVar[bool] = False
   # Number of networks `apply` must hold (a tuple when > 1).
   num_models: ClassVar[int] = 1
+  # Process families (common.process_family) the sampler applies to.
+  families: ClassVar[tuple[str, ...]] = ('masked',)
 
   temperature: float = 1.0
   top_k: int = 0
@@ -108,7 +152,12 @@ class Sampler(abc.ABC):
 
   @abc.abstractmethod
   def fill(self, apply, key, process, z_BxL, window_BxL):
-    """Fills masked positions of z inside the window: (z_BxL, nfe)."""
+    """Fills generate-id positions of z inside the window: (z_BxL, nfe)."""
+
+  def check_applies(self, process) -> None:
+    """TypeError for the AR twin, ValueError for another process family."""
+    check_process(process)
+    check_family(self, process)
 
   def _applies(self, apply):
     if self.num_models == 1:
@@ -132,9 +181,9 @@ class Sampler(abc.ABC):
     *,
     batch: int,
     length: int,
-    prompt_BxL: jax.Array | None = None,
+    prompt_BxL: jax.Array | tuple | None = None,
   ):
-    check_process(process)
+    self.check_applies(process)
     self._applies(apply)
     z_BxL = initial_state(process, batch, length, prompt_BxL)
     window = jnp.ones((batch, length), bool)

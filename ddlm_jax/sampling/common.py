@@ -1,10 +1,11 @@
-"""Pieces every masked-diffusion sampler shares.
+"""Pieces every diffusion sampler shares.
 
-The initial state from an optional prompt (conditioning: prefix prompts and
-infilling), the filtered log-probabilities of one network call, Gumbel noise
-keyed by (row, step) so that two samplers that visit the same states draw
-the same tokens, the inverse of a schedule (a time for a masked fraction),
-and top-n selection of masked positions by a score.
+The process family (which samplers apply), the initial state from an
+optional prompt (conditioning: prefix prompts and infilling), the filtered
+log-probabilities of one network call, Gumbel noise keyed by (row, step) so
+that two samplers that visit the same states draw the same tokens, the
+inverse of a schedule (a time for a masked fraction), and top-n selection
+of positions by a score.
 """
 
 from __future__ import annotations
@@ -22,27 +23,82 @@ ApplyFn = Callable[[jax.Array, jax.Array], jax.Array]
 
 
 def check_process(process) -> None:
-  """Samplers here need an absorbing (masked) process with a schedule."""
+  """Samplers need a diffusion process with a schedule (not the AR twin)."""
   if getattr(process, 'causal', False) or not hasattr(process, 'schedule'):
     raise TypeError(
-      f'{type(process).__name__} is not a masked-diffusion process; use '
+      f'{type(process).__name__} is not a diffusion process; use '
       'ddlm_jax.sampling.autoregressive_sample for the AR twin.'
     )
 
 
+def process_family(process) -> str:
+  """The diffusion family a process belongs to ('masked', 'uniform', ...).
+
+  Processes declare it as a `family` attribute; a process without one that
+  has a mask id and a schedule and is not causal is an absorbing (masked)
+  process, as MaskedDiffusion was before it declared its family.
+  """
+  family = getattr(process, 'family', None)
+  if isinstance(family, str):
+    return family
+  if getattr(process, 'causal', False):
+    return 'autoregressive'
+  if hasattr(process, 'mask_id') and hasattr(process, 'schedule'):
+    return 'masked'
+  raise TypeError(
+    f'{type(process).__name__} declares no diffusion family; give it a '
+    "class attribute family = 'masked' | 'uniform' | 'interpolating' | ..."
+  )
+
+
+def generate_id(process) -> int:
+  """The id that marks a position to generate: the mask id, else V.
+
+  Masked and interpolating processes use their mask id (= V). Uniform-state
+  processes have no mask; V is outside their data range, and their samplers
+  replace it by prior noise before any network call.
+  """
+  mask_id = getattr(process, 'mask_id', None)
+  return int(process.vocab_size if mask_id is None else mask_id)
+
+
 def initial_state(
-  process, batch: int, length: int, prompt_BxL: jax.Array | None
+  process, batch: int, length: int, prompt_BxL=None
 ) -> jax.Array:
-  """All-mask z, or the prompt (its non-mask positions stay fixed)."""
+  """z with the generate id (see generate_id) wherever a token is drawn.
+
+  `prompt_BxL` is None (generate everything), an int array holding the
+  generate id at the positions to generate (every other position is fixed),
+  or a pair (tokens_BxL, keep_BxL): positions where keep is True are fixed
+  to tokens, the rest generated. The pair is the natural form for
+  uniform-state processes, whose prompts have no mask token; both forms
+  work for every family.
+  """
   if batch < 1 or length < 1:
     raise ValueError(f'batch and length must be >= 1, got {batch}, {length}.')
+  fill_id = generate_id(process)
   if prompt_BxL is None:
-    return jnp.full((batch, length), process.mask_id, jnp.int32)
+    return jnp.full((batch, length), fill_id, jnp.int32)
+  if isinstance(prompt_BxL, (tuple, list)):
+    if len(prompt_BxL) != 2:
+      raise ValueError(
+        f'a prompt pair must be (tokens_BxL, keep_BxL), got '
+        f'{len(prompt_BxL)} items.'
+      )
+    tokens, keep = (jnp.asarray(p) for p in prompt_BxL)
+    for what, arr in (('tokens', tokens), ('keep', keep)):
+      if tuple(arr.shape) != (batch, length):
+        raise ValueError(
+          f'prompt {what} has shape {tuple(arr.shape)}, expected (batch, '
+          f'length) = {(batch, length)}.'
+        )
+    keep = keep.astype(bool)
+    return jnp.where(keep, tokens.astype(jnp.int32), fill_id)
   if tuple(prompt_BxL.shape) != (batch, length):
     raise ValueError(
       f'prompt_BxL has shape {tuple(prompt_BxL.shape)}, expected '
       f'(batch, length) = {(batch, length)}; put the mask id '
-      f'{process.mask_id} at the positions to generate.'
+      f'{fill_id} at the positions to generate.'
     )
   return jnp.asarray(prompt_BxL).astype(jnp.int32)
 

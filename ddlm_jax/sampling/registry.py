@@ -5,9 +5,16 @@
 
 Names: ancestral, first_hitting, confidence, eb, remdm, semi_ar, scheduled
 (the last takes apply = (heavy_apply, light_apply) and returns nfe as
-(heavy calls, light calls)). A spec string 'eb:gamma=0.1,temperature=0.9'
-holds a name and parameters in one command-line value; 'inner.KEY=VALUE'
-sets semi_ar's inner sampler parameters.
+(heavy calls, light calls)) for masked processes; uniform_ancestral and
+loo_gibbs for uniform-state and interpolating ones; psi for all three;
+block (KV-cached block-by-block generation, any masked sampler inside a
+block) and did (Diffusion-in-Diffusion draft-then-refine) for block
+diffusion.
+Each sampler's `families` says which; `samplers_for(family)` lists them. A
+spec string 'eb:gamma=0.1,temperature=0.9' or
+'psi:kappa=max_capped_eta,eta=0.01' holds a name and parameters in one
+command-line value; 'inner.KEY=VALUE' sets semi_ar's inner sampler
+parameters.
 """
 
 from __future__ import annotations
@@ -15,13 +22,30 @@ from __future__ import annotations
 import ast
 import dataclasses
 
-from ddlm_jax.sampling.base import Sampler, build
-from ddlm_jax.sampling.semi_ar import INNER_SAMPLERS, SemiARSampler
+from ddlm_jax.sampling import base
+from ddlm_jax.sampling.base import Sampler, build, compatible_samplers
+from ddlm_jax.sampling.block import BlockSampler
+from ddlm_jax.sampling.did import DiDSampler
+from ddlm_jax.sampling.semi_ar import (
+  INNER_SAMPLERS,
+  NON_MASKED_SAMPLERS,
+  SemiARSampler,
+)
 
 SAMPLERS: dict[str, type[Sampler]] = {
   **INNER_SAMPLERS,
+  **NON_MASKED_SAMPLERS,
   SemiARSampler.name: SemiARSampler,
+  BlockSampler.name: BlockSampler,
+  DiDSampler.name: DiDSampler,
 }
+# The incompatibility errors of Sampler.__call__ list names from this table.
+base.REGISTERED.update(SAMPLERS)
+
+
+def samplers_for(family: str) -> list[str]:
+  """Registered sampler names that apply to a process family."""
+  return compatible_samplers(family, SAMPLERS)
 
 
 def sampler_params(name: str) -> tuple[str, ...]:

@@ -4,7 +4,9 @@ The sequence is cut into blocks of `block_length` positions. Block b is
 filled by an inner sampler (any registered sampler with one network) while
 later blocks stay masked and earlier blocks are fixed; the network always
 sees the whole sequence. NFE is the sum over blocks. Prompt positions inside
-a block stay fixed as everywhere else.
+a block stay fixed as everywhere else. Masked processes only (later blocks
+must hold the mask id), and the inner sampler must apply to masked
+processes too (psi does; uniform_ancestral and loo_gibbs do not).
 """
 
 from __future__ import annotations
@@ -16,17 +18,20 @@ import jax
 import jax.numpy as jnp
 
 from ddlm_jax.sampling.ancestral import AncestralSampler
-from ddlm_jax.sampling.base import Sampler, build, require_int
+from ddlm_jax.sampling.base import Sampler, build, check_family, require_int
+from ddlm_jax.sampling.psi import PsiSampler
 from ddlm_jax.sampling.remdm import ReMDMSampler
 from ddlm_jax.sampling.scheduling import ScheduledSampler
+from ddlm_jax.sampling.uniform import LOOGibbsSampler, UniformAncestralSampler
 from ddlm_jax.sampling.unmasking import (
   ConfidenceSampler,
   EBSampler,
   FirstHittingSampler,
 )
 
-# Every registered sampler but semi_ar itself, which cannot nest; the
-# registry adds semi_ar to these. Two-network ones are refused when built.
+# Every registered sampler that applies to masked processes but semi_ar
+# itself, which cannot nest; the registry adds semi_ar and the samplers
+# below to these. Two-network ones are refused when built.
 INNER_SAMPLERS: dict[str, type[Sampler]] = {
   cls.name: cls
   for cls in (
@@ -36,7 +41,14 @@ INNER_SAMPLERS: dict[str, type[Sampler]] = {
     EBSampler,
     ReMDMSampler,
     ScheduledSampler,
+    PsiSampler,
   )
+}
+
+# Samplers for uniform-state / interpolating processes only: registered,
+# but not usable inside semi_ar (named here so that its error says why).
+NON_MASKED_SAMPLERS: dict[str, type[Sampler]] = {
+  cls.name: cls for cls in (UniformAncestralSampler, LOOGibbsSampler)
 }
 
 
@@ -52,6 +64,7 @@ class SemiARSampler(Sampler):
   """
 
   name: ClassVar[str] = 'semi_ar'
+  families: ClassVar[tuple[str, ...]] = ('masked',)
 
   block_length: int = 32
   inner: str = 'ancestral'
@@ -71,10 +84,21 @@ class SemiARSampler(Sampler):
   @property
   def inner_sampler(self) -> Sampler:
     params = {**self.filters, **dict(self.inner_params)}
-    sampler = build(INNER_SAMPLERS, self.inner, **params)
+    table = {**INNER_SAMPLERS, **NON_MASKED_SAMPLERS}
+    sampler = build(table, self.inner, **params)
     if sampler.num_models != 1:
       raise ValueError(f'inner sampler {self.inner!r} needs one network.')
+    if not set(self.families) & set(sampler.families):
+      raise ValueError(
+        f'inner sampler {self.inner!r} applies to '
+        f'{" and ".join(sampler.families)} processes, but semi_ar runs '
+        f'masked processes; pick one of {sorted(INNER_SAMPLERS)}.'
+      )
     return sampler
+
+  def check_applies(self, process) -> None:
+    super().check_applies(process)
+    check_family(self.inner_sampler, process)
 
   @property
   def needs_time_free(self) -> bool:

@@ -17,12 +17,27 @@ from ddlm_jax.data import (
   tokenizers,
 )
 from ddlm_jax.diffusion import Autoregressive, MaskedDiffusion, get_schedule
+from ddlm_jax.diffusion.block import BlockDiffusion
+from ddlm_jax.diffusion.duo import DuoDiffusion
+from ddlm_jax.diffusion.interpolating import InterpolatingDiffusion
+from ddlm_jax.diffusion.mix_scale import MixScaleBlockDiffusion
 from ddlm_jax.diffusion.soft_masking import SoftMaskedDiffusion
+from ddlm_jax.diffusion.uniform import UniformDiffusion
 from ddlm_jax.models import Transformer, TransformerConfig, hybrid
 from ddlm_jax.models.soft_masking import SoftMaskedModel, SoftMaskInput
 from ddlm_jax.training.config import ConfigError, check_range
 
-PROCESSES = ('mdlm', 'md4', 'ar')
+# process.kind -> the family its samplers and checks go by.
+FAMILIES = {
+  'mdlm': 'masked',
+  'md4': 'masked',
+  'ar': 'autoregressive',
+  'udlm': 'uniform',
+  'duo': 'uniform',
+  'interpolating': 'interpolating',
+  'bd3': 'block',
+}
+PROCESSES = tuple(FAMILIES)
 
 
 def soft_mask_enabled(soft_mask) -> bool:
@@ -39,11 +54,73 @@ def check_process_kind(kind: str) -> str:
   return kind
 
 
-def build_process(cfg, vocab_size: int, soft_mask=None):
-  """Masked diffusion ('mdlm' / 'md4') or the AR twin ('ar').
+def process_family(kind: str) -> str:
+  """'masked', 'uniform', 'interpolating', 'block' or 'autoregressive'."""
+  return FAMILIES[check_process_kind(kind)]
 
-  With config.soft_mask.enabled, masked diffusion trains and evaluates
-  through soft-masking's two-pass path (diffusion.soft_masking).
+
+def block_sizes(cfg) -> tuple[int, ...]:
+  """config.process.block_sizes ('4,16') as ints; () for one block size."""
+  text = str(cfg.get('block_sizes', '') or '').strip()
+  try:
+    return tuple(int(p) for p in text.split(',') if p.strip())
+  except ValueError:
+    raise ConfigError(
+      f'config.process.block_sizes={text!r}; give comma-separated '
+      "integers, e.g. '4,16' (or '' for one block size)."
+    ) from None
+
+
+def check_process_config(cfg, model, seq_len: int, soft_mask=None):
+  """The process settings that need no data, checked before any is read.
+
+  Builds the process once on a stand-in vocabulary of 2, so its own checks
+  (loss type, parameterisation, ranges) run here too, and returns it: the
+  sampler checks use it before the real vocabulary is known.
+  """
+  family = process_family(cfg.kind)
+  if soft_mask_enabled(soft_mask) and family != 'masked':
+    raise ConfigError(
+      f'config.soft_mask.enabled needs a masked-diffusion process; '
+      f"process.kind={cfg.kind!r} is {family}. Use process.kind='mdlm' or "
+      "'md4', or set soft_mask.enabled=False."
+    )
+  try:
+    process = build_process(cfg, 2, soft_mask)
+  except (ValueError, TypeError) as err:
+    raise ConfigError(f'config.process: {err}') from None
+  needs_time = getattr(process, 'requires_time_conditioning', False)
+  if needs_time and not model.get('time_conditioning', False):
+    raise ConfigError(
+      f'process.kind={cfg.kind!r} needs a time-conditioned network (the '
+      'optimal uniform-state denoiser depends on t); set '
+      '--config.model.time_conditioning=True.'
+    )
+  if family == 'block':
+    if model.get('backbone', 'transformer') != 'transformer':
+      raise ConfigError(
+        "process.kind='bd3' runs on the transformer backbone; set "
+        '--config.model.backbone=transformer.'
+      )
+    for size in block_sizes(cfg) or (cfg.block_size,):
+      check_range('process.block_size', size, lo=1, integer=True)
+      if size > seq_len or seq_len % size:
+        raise ConfigError(
+          f'process.block_size={size} does not divide data.seq_len='
+          f'{seq_len} into blocks; choose a block size that divides the '
+          'length.'
+        )
+  return process
+
+
+def build_process(cfg, vocab_size: int, soft_mask=None):
+  """The diffusion process (or the AR twin) of config.process.
+
+  'mdlm' / 'md4': masked; with config.soft_mask.enabled masked diffusion
+  trains and evaluates through soft-masking's two-pass path. 'udlm':
+  uniform-state; 'duo': uniform-state with Duo's Gaussian curriculum;
+  'interpolating': masked + uniform mixture; 'bd3': block diffusion
+  (mix-scale when process.block_sizes lists several sizes); 'ar'.
   """
   kind = check_process_kind(cfg.kind)
   if kind == 'ar' and soft_mask_enabled(soft_mask):
@@ -54,14 +131,43 @@ def build_process(cfg, vocab_size: int, soft_mask=None):
   if kind == 'ar':
     return Autoregressive(vocab_size=vocab_size)
   schedule = get_schedule(cfg.schedule, **dict(cfg.schedule_kwargs))
-  kwargs = dict(
+  common = dict(
     schedule=schedule,
     vocab_size=vocab_size,
-    num_steps=cfg.num_steps,
     t_min=cfg.t_min,
     antithetic=cfg.antithetic,
     loss_type=cfg.loss_type,
   )
+  kwargs = dict(common, num_steps=cfg.num_steps)
+  if kind in ('udlm', 'duo'):
+    base = UniformDiffusion(
+      **kwargs, parameterization=cfg.get('parameterization', 'denoiser')
+    )
+    if kind == 'udlm':
+      return base
+    return DuoDiffusion(
+      base=base,
+      curriculum_steps=cfg.curriculum_steps,
+      tau=cfg.tau,
+      gamma_min=cfg.gamma_min,
+      gamma_max=cfg.gamma_max,
+    )
+  if kind == 'interpolating':
+    return InterpolatingDiffusion(
+      **kwargs,
+      mixing=cfg.mixing,
+      parameterization=cfg.get('parameterization', 'denoiser'),
+    )
+  if kind == 'bd3':
+    sizes = block_sizes(cfg)
+    block = BlockDiffusion(
+      **common,
+      block_size=sizes[-1] if sizes else cfg.block_size,
+      clip=(cfg.clip_low, cfg.clip_high),
+    )
+    if len(sizes) > 1:
+      return MixScaleBlockDiffusion(base=block, block_sizes=sizes)
+    return block
   if soft_mask_enabled(soft_mask):
     return SoftMaskedDiffusion(**kwargs, sm_prob=soft_mask.sm_prob)
   return MaskedDiffusion(**kwargs)
@@ -97,6 +203,8 @@ def model_config(cfg, process) -> TransformerConfig:
     input_vocab_size=process.input_vocab_size,
     causal=process.causal,
   )
+  if getattr(process, 'family', '') == 'block':
+    kwargs['block_size'] = process.block_size
   return TransformerConfig(**kwargs)
 
 

@@ -76,11 +76,14 @@ def lm_trainer_config(config) -> fit.TrainerConfig:
   )
 
 
-def check_sample_config(sample, causal: bool):
+def check_sample_config(sample, process):
   """The sampler of a config's `sample` block, built and checked (or None).
 
-  Runs before training, so a typo in a sampler spec costs nothing.
+  Runs before training, so a typo in a sampler spec, or a sampler that does
+  not apply to the process's family, costs nothing. `process` may be a
+  stand-in (builders.check_process_config) with the run's settings.
   """
+  causal = bool(getattr(process, 'causal', False))
   num = check_range(
     'sample.num_samples', sample.num_samples, lo=0, integer=True
   )
@@ -100,6 +103,10 @@ def check_sample_config(sample, causal: bool):
       )
     return None
   sampler = sampler_from_config(sample)
+  try:
+    sampler.check_applies(process)
+  except (ValueError, TypeError) as err:
+    raise ConfigError(f'sample.sampler: {err}') from None
   return sampler if num else None
 
 
@@ -130,12 +137,12 @@ class Run:
     self._check_batch(config.eval.batch_size, 'eval.batch_size')
     # Everything checkable without data is checked before anything is
     # written (the tokenizer is the first file a new run writes).
-    builders.check_process_kind(config.process.kind)
     builders.check_model_sizes(config.model)
     check_range('data.seq_len', config.data.seq_len, lo=1, integer=True)
-    self.sampler = check_sample_config(
-      config.sample, config.process.kind == 'ar'
+    stand_in = builders.check_process_config(
+      config.process, config.model, config.data.seq_len, soft_mask
     )
+    self.sampler = check_sample_config(config.sample, stand_in)
     if self.init_from:
       warm_start.copy_tokenizer(self.init_from, workdir)
     self.data = builders.prepare_data(config.data, workdir)

@@ -35,10 +35,17 @@ def _num_tokens(x_BxL, loss_mask_BxL):
   return jnp.maximum(loss_mask_BxL.sum(), 1.0)
 
 
-def _loss_and_metrics(params, graphdef, process, key, x_BxL, loss_mask_BxL):
-  """Per-token loss: sums over sequences divided by the real tokens."""
+def _loss_and_metrics(
+  params, graphdef, process, key, x_BxL, loss_mask_BxL, step=None
+):
+  """Per-token loss: sums over sequences divided by the real tokens.
+
+  `step` (the global training step) reaches processes whose loss depends
+  on it (`uses_step`, e.g. Duo's curriculum) and no others.
+  """
+  extra = {'step': step} if getattr(process, 'uses_step', False) else {}
   objective_B, nelbo_B, aux = process.loss(
-    make_apply(graphdef, params), key, x_BxL, loss_mask_BxL
+    make_apply(graphdef, params), key, x_BxL, loss_mask_BxL, **extra
   )
   tokens = _num_tokens(x_BxL, loss_mask_BxL)
   loss = objective_B.sum() / tokens
@@ -52,10 +59,18 @@ def lm_loss(graphdef, process):
   """loss(params, key, batch) -> (per-token loss, metrics) for a process."""
 
   def loss(params, key, batch):
+    step_B = batch.get('step')
     return _loss_and_metrics(
-      params, graphdef, process, key, batch['tokens'], batch.get('loss_mask')
+      params,
+      graphdef,
+      process,
+      key,
+      batch['tokens'],
+      batch.get('loss_mask'),
+      step=None if step_B is None else step_B[0],
     )
 
+  loss.wants_step = bool(getattr(process, 'uses_step', False))
   return loss
 
 
@@ -147,6 +162,10 @@ def train_step(
   nothing non-finite can ever be saved.
   """
   rng, key = jax.random.split(state.rng)
+  if getattr(loss, 'wants_step', False):
+    # Per sequence, so that micro-batching splits it like any batch leaf.
+    size = jax.tree.leaves(batch)[0].shape[0]
+    batch = {**batch, 'step': jnp.full((size,), state.step, jnp.int32)}
   value, metrics, grads = accumulate_grads(
     loss, state.params, key, batch, accum_steps, weight
   )

@@ -63,13 +63,32 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.num_threads = 1  # grain reader threads (padded sources tokenize).
 
   c.process = ml_collections.ConfigDict()
-  c.process.kind = 'mdlm'  # 'mdlm' | 'md4' | 'ar'
+  # Masked: 'mdlm' | 'md4'; 'ar' (the AR twin); uniform-state: 'udlm' |
+  # 'duo' (with Duo's Gaussian curriculum); 'interpolating' (masked +
+  # uniform); 'bd3' (block diffusion). ddlm_jax.training.builders.
+  c.process.kind = 'mdlm'
   c.process.schedule = 'loglinear'  # 'linear' | 'cosine' | 'poly' | ...
   c.process.schedule_kwargs = ml_collections.ConfigDict()
   c.process.num_steps = 0  # 0: continuous-time NELBO; T: T-step NELBO.
   c.process.t_min = 1e-3
   c.process.antithetic = True
   c.process.loss_type = 'elbo'  # 'elbo' | 'simple_ce'
+  # Uniform-state / interpolating: what the network outputs ('denoiser' |
+  # 'loo'); the bound and the samplers convert exactly as they need.
+  c.process.parameterization = 'denoiser'
+  c.process.mixing = 0.5  # Interpolating: uniform share p_u of the noise.
+  # Duo's curriculum: steps with the Gaussian-relaxed input (0 = none).
+  c.process.curriculum_steps = 0
+  c.process.tau = 1e-3  # Tempered-softmax temperature of the latent.
+  c.process.gamma_min = -3.55  # Curriculum window (Duo OWT).
+  c.process.gamma_max = -1.85
+  # Block diffusion: block size L' (divides data.seq_len), the clipped
+  # training band t ~ U[clip_low, clip_high] per block (the reported bound
+  # is always unclipped), and mix-scale block sizes ('' = one size).
+  c.process.block_size = 16
+  c.process.clip_low = 0.0
+  c.process.clip_high = 1.0
+  c.process.block_sizes = ''
 
   c.model = ml_collections.ConfigDict()
   c.model.width = 192
@@ -312,6 +331,24 @@ def md4() -> ml_collections.ConfigDict:
   c.optim.grad_clip = 0.0
   c.optim.final_lr_fraction = 0.0
   c.sample.use_cache = False  # Time-conditioned network.
+  return c
+
+
+def uniform(c: ml_collections.ConfigDict, curriculum_steps: int = 0):
+  """The uniform-state twin of a masked config (UDLM; Duo with a curriculum).
+
+  Log-linear schedule, continuous-time NELBO, time-conditioned network
+  (the optimal uniform-state denoiser depends on t), the uniform ancestral
+  sampler with the greedy tail (Duo's noise removal).
+  """
+  c.process.kind = 'duo' if curriculum_steps else 'udlm'
+  c.process.schedule = 'loglinear'
+  c.process.num_steps = 0
+  c.process.curriculum_steps = curriculum_steps
+  c.model.time_conditioning = True
+  c.sample.sampler = 'uniform_ancestral'
+  c.sample.use_cache = False
+  c.sample.params = ml_collections.ConfigDict({'greedy_tail': True})
   return c
 
 

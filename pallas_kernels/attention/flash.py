@@ -52,6 +52,7 @@ class Config:
   kind: str
   block_size: int
   prefix_len: int
+  seq_len: int  # block_diffusion: the length n of each half
   has_qaux: bool
   has_kaux: bool
   has_kvalid: bool
@@ -72,7 +73,9 @@ def _mask(cfg: Config, i, j, qaux, kaux, kvalid):
   elif cfg.kind == 'groups':
     m = (lax.shift_right_logical(qaux, kaux) & 1) == 1
   else:
-    spec = MaskSpec(cfg.kind, cfg.block_size, cfg.prefix_len)
+    spec = MaskSpec(
+      cfg.kind, cfg.block_size, cfg.prefix_len, seq_len=cfg.seq_len
+    )
     m = static_allowed(spec, qpos, kpos)
     m = jnp.broadcast_to(m, (cfg.bq, cfg.bk))
   if kvalid is not None:
@@ -462,6 +465,7 @@ def flash_attention(
     kind=mask.kind,
     block_size=mask.block_size,
     prefix_len=mask.prefix_len,
+    seq_len=mask.seq_len,
     has_qaux=has_qaux,
     has_kaux=has_kaux,
     has_kvalid=kvalid is not None,

@@ -9,6 +9,11 @@ offset between them). Kinds:
 - ``block_causal(bs)``: j // bs <= i // bs (own block both ways, all earlier
   blocks).
 - ``prefix_lm(P)``: j < P or j <= i.
+- ``block_diffusion(bs, n)``: BD3-LM's vectorised training mask over the 2n
+  positions of concat(z_t, x). Position p is clean iff p >= n and lies in
+  block (p mod n) // bs; a noisy query sees its own noisy block and the
+  clean blocks before it, a clean query sees the clean blocks up to its own
+  (block-causal), and no query sees another block's noisy tokens.
 - ``segments(ids)``: same segment id (packed sequences).
 - ``groups(ids, visible)``: group-level visibility. Every token has a group
   id in [0, G) (G <= 32) and query i sees key j iff
@@ -39,7 +44,13 @@ import numpy as np
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 MAX_GROUPS = 32
-STATIC_KINDS = ('full', 'causal', 'block_causal', 'prefix_lm')
+STATIC_KINDS = (
+  'full',
+  'causal',
+  'block_causal',
+  'prefix_lm',
+  'block_diffusion',
+)
 
 
 @jax.tree_util.register_dataclass
@@ -54,6 +65,7 @@ class MaskSpec:
   q_ids_BxL: jax.Array | None = None  # noqa: N815
   kv_ids_BxS: jax.Array | None = None  # noqa: N815
   visible_BxGxG: jax.Array | None = None  # noqa: N815
+  seq_len: int = dataclasses.field(default=0, metadata=dict(static=True))
 
   # ---------------------------------------------------------- constructors --
 
@@ -77,6 +89,21 @@ class MaskSpec:
     if not isinstance(prefix_len, int) or prefix_len < 0:
       raise ValueError(f'prefix_len must be an int >= 0, got {prefix_len!r}.')
     return cls('prefix_lm', prefix_len=prefix_len)
+
+  @classmethod
+  def block_diffusion(cls, block_size: int, seq_len: int) -> MaskSpec:
+    """BD3-LM's mask over concat(z_t, x): 2 * seq_len queries and keys."""
+    for name, value in (('block_size', block_size), ('seq_len', seq_len)):
+      if not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f'{name} must be an int >= 1, got {value!r}.')
+    if seq_len % block_size:
+      raise ValueError(
+        f'block_size={block_size} does not divide seq_len={seq_len}; '
+        'choose a block size that divides the length.'
+      )
+    return cls(
+      'block_diffusion', block_size=int(block_size), seq_len=int(seq_len)
+    )
 
   @classmethod
   def segments(
@@ -136,6 +163,11 @@ class MaskSpec:
     if self.kind == 'groups':
       G = self.visible_BxGxG.shape[-1]
       checks.append(('visible_BxGxG', self.visible_BxGxG, (B, G, G)))
+    if self.kind == 'block_diffusion' and not L == S == 2 * self.seq_len:
+      raise ValueError(
+        f'block_diffusion(seq_len={self.seq_len}) covers concat(z_t, x) of '
+        f'{2 * self.seq_len} positions; got L={L} queries and S={S} keys.'
+      )
     for name, x, shape in checks:
       if x is not None and tuple(x.shape) != shape:
         raise ValueError(
@@ -217,7 +249,24 @@ def static_allowed(spec: MaskSpec, q, k):
     return _nonneg_div(k, bs) <= _nonneg_div(q, bs)
   if spec.kind == 'prefix_lm':
     return (k < spec.prefix_len) | (k <= q)
+  if spec.kind == 'block_diffusion':
+    n, bs = spec.seq_len, spec.block_size
+    clean_q, clean_k = q >= n, k >= n
+    block_q = _nonneg_div(_where(clean_q, q - n, q), bs)
+    block_k = _nonneg_div(_where(clean_k, k - n, k), bs)
+    # The three rules of BD3-LM with the clean block-diagonal folded into the
+    # clean block-causal rule (written without bool ==, for Mosaic).
+    noisy_own = ~clean_q & ~clean_k & (block_q == block_k)
+    noisy_ctx = ~clean_q & clean_k & (block_q > block_k)
+    clean_ctx = clean_q & clean_k & (block_q >= block_k)
+    return noisy_own | noisy_ctx | clean_ctx
   raise ValueError(f'{spec.kind!r} is not a static mask kind.')
+
+
+def _where(c, x, y):
+  if isinstance(c, np.ndarray | bool | np.bool_):
+    return np.where(c, x, y)
+  return jnp.where(c, x, y)
 
 
 # --------------------------------------------------------------- tile tables --
@@ -252,11 +301,52 @@ def static_tile_table(
     P = spec.prefix_len
     full = khi <= np.maximum(P - 1, qlo)
     empty = (klo >= P) & (klo > qhi)
+  elif spec.kind == 'block_diffusion':
+    full, empty = _block_diffusion_tiles(spec, qlo, qhi, klo, khi)
   else:
     raise ValueError(f'{spec.kind!r} has no static tile table.')
   full = full & (khi_pad < S)
   table = np.where(empty, EMPTY, np.where(full, FULL, PARTIAL))
   return table.astype(np.int32)
+
+
+def _halves(lo, hi, n, bs):
+  """Block ranges of a position range [lo, hi] in the noisy and clean halves.
+
+  Returns ((noisy?, first, last), (clean?, first, last)); the block indices
+  of a contiguous position range form a contiguous range.
+  """
+  noisy = (lo < n, lo // bs, np.minimum(hi, n - 1) // bs)
+  clean = (hi >= n, (np.maximum(lo, n) - n) // bs, (hi - n) // bs)
+  return noisy, clean
+
+
+def _block_diffusion_tiles(spec, qlo, qhi, klo, khi):
+  """(full, empty) per tile of the block-diffusion mask, exactly.
+
+  A tile splits into at most 2 x 2 (query half, key half) parts; inside a
+  part the rule is one comparison of block indices over two intervals.
+  """
+  n, bs = spec.seq_len, spec.block_size
+  q_noisy, q_clean = _halves(qlo, qhi, n, bs)
+  k_noisy, k_clean = _halves(klo, khi, n, bs)
+  # (query half, key half, any pair allowed, every pair allowed).
+  parts = [
+    (q_noisy, k_noisy, lambda a1, a2, c1, c2: (a1 <= c2) & (c1 <= a2),
+     lambda a1, a2, c1, c2: (a1 == a2) & (c1 == c2) & (a1 == c1)),
+    (q_noisy, k_clean, lambda a1, a2, c1, c2: a2 > c1,
+     lambda a1, a2, c1, c2: a1 > c2),
+    (q_clean, k_noisy, lambda *_: False, lambda *_: False),
+    (q_clean, k_clean, lambda a1, a2, c1, c2: a2 >= c1,
+     lambda a1, a2, c1, c2: a1 >= c2),
+  ]  # fmt: skip
+  shape = np.broadcast_shapes(qlo.shape, klo.shape)
+  some, every = np.zeros(shape, bool), np.ones(shape, bool)
+  for (q_in, a1, a2), (k_in, c1, c2), any_fn, all_fn in parts:
+    present = q_in & k_in
+    some |= present & any_fn(a1, a2, c1, c2)
+    every &= ~present | all_fn(a1, a2, c1, c2)
+  return every, ~some
 
 
 def _tile_reduce(x, n, b, fn, fill):

@@ -1,0 +1,29 @@
+"""BD3-LM block diffusion on OpenWebText (GPT-2 tokens, L = 1024).
+
+Paper: Arriola et al. 2025, "Block Diffusion" (BD3-LM, arXiv 2503.09573),
+OWT validation perplexity: AR 17.54, MDLM <= 22.98, BD3-LM L' = 16 / 8 / 4
+<= 22.27 / 21.68 / 20.73 (shared/REFERENCE.md section 8). Recipe: MDLM's
+OWT data and model (the suite's `mdlm_owt.py`), the block-diffusion process,
+fine-tuned from an MDLM checkpoint (`--config.train.init_from`). Sampling:
+block by block with the KV cache, nucleus 0.9, variable length (stop at
+EOS or when the entropy of the last 256 tokens drops below 4).
+
+Launch:
+  python -m experiments.run --config=experiments/configs/bd3_owt.py:16 \
+    --workdir=$HOME/runs/bd3_owt_16 \
+    --config.train.init_from=$HOME/runs/mdlm_owt
+
+Argument: 'BLOCK[,smoke]' with BLOCK in 4, 8, 16; `bd3_owt.py:16,smoke`
+runs in seconds on CPU on the OWT fixture.
+"""
+
+from experiments.configs import bd3_lm1b, mdlm_owt
+
+SMOKE_ARG = '16,smoke'
+
+
+def get_config(arg: str = '16'):
+  block, preset = bd3_lm1b.parse_arg(arg)
+  c = mdlm_owt.get_config(preset)
+  c.sample.top_p = 0.9
+  return bd3_lm1b.block_config(c, block)

@@ -1,0 +1,33 @@
+"""Duo / UDLM on OpenWebText: uniform-state diffusion, GPT-2 tokens, L = 1024.
+
+Paper: Sahoo et al. 2025, "The Diffusion Duality" (Duo, arXiv 2506.10892),
+OWT validation perplexity bounds after 1M steps: Duo <= 25.20 and UDLM
+<= 27.43, against MDLM <= 23.21 and AR 17.54 (as reported; not reproduced
+here). Recipe (s-sahoo/duo `scripts/train_owt_duo.sh`): MDLM's OWT data and
+12 x 768 model (the suite's `mdlm_owt.py`), uniform-state process, log-linear
+schedule, continuous-time NELBO, time conditioning; curriculum for the first
+500,000 of 1,000,000 steps with tau = 1e-3 and gamma in [-3.55, -1.85].
+Sampling in Duo ch. II (Psi-samplers): 256 steps, eta 0.01, nucleus 0.9,
+`--config.sample.sampler='psi:kappa=max_capped_eta,eta=0.01,top_p=0.9'`.
+
+Launch:
+  python -m experiments.run --config=experiments/configs/duo_owt.py \
+    --workdir=$HOME/runs/duo_owt
+
+Variants: `duo_owt.py:udlm` (no curriculum); `duo_owt.py:smoke`,
+`duo_owt.py:udlm,smoke` (seconds on CPU on the OWT fixture).
+"""
+
+from experiments.configs import common, duo_lm1b, mdlm_owt
+
+SMOKE_ARG = 'smoke'
+
+
+def get_config(arg: str = ''):
+  curriculum, preset = duo_lm1b.parse_arg(arg)
+  c = mdlm_owt.get_config(preset)
+  steps = c.train.num_steps
+  common.uniform(c, curriculum_steps=steps // 2 if curriculum else 0)
+  c.process.gamma_min = -3.55
+  c.process.gamma_max = -1.85
+  return c
