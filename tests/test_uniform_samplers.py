@@ -399,6 +399,38 @@ def test_psi_invariants_prompt_loop_and_greedy_tail(family):
   np.testing.assert_array_equal(tokens, best)
 
 
+def test_plugin_tail_reads_the_loo_probabilities_as_the_denoiser():
+  """tail='plugin' + greedy: the argmax of the LOO probabilities at the last
+  state (what a sampler does with a plug-in-NELBO network's raw output);
+  the default tail takes the denoiser's argmax. At the last, low-noise step
+  the LOO ignores the current token, so the two differ."""
+  batch, length = 256, 3
+  process = make_process('uniform')
+  outs = {}
+  for tail in ('denoiser', 'plugin'):
+    sampler = get_sampler(
+      'uniform_ancestral', num_steps=6, greedy_tail=True, tail=tail
+    )
+    model = LastInput('uniform', length)
+    tokens, _ = jax.jit(
+      lambda key, sampler=sampler, model=model: sampler(
+        model, key, process, batch=batch, length=length
+      )
+    )(jax.random.key(3))
+    jax.effects_barrier()
+    z, t = model.last
+    logits = model(jnp.asarray(z), jnp.asarray(t))
+    source = (
+      process.loo_log_probs if tail == 'plugin' else process.denoiser_log_probs
+    )
+    expect = np.argmax(np.asarray(source(logits, jnp.asarray(z), t)), -1)
+    np.testing.assert_array_equal(np.asarray(tokens), expect)
+    outs[tail] = np.asarray(tokens)
+  assert (outs['denoiser'] != outs['plugin']).any()
+  with pytest.raises(ValueError, match='tail='):
+    get_sampler('uniform_ancestral', tail='loo')
+
+
 def test_kappa_rules_closed_forms():
   a_t = np.array([0.2, 0.5, 0.9])
   a_s = np.array([0.4, 0.6, 0.95])

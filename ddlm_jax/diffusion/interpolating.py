@@ -24,13 +24,13 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from ddlm_jax.diffusion.masked import ApplyFn, antithetic_uniform
+from ddlm_jax.diffusion.masked import antithetic_uniform
 from ddlm_jax.diffusion.schedules import Schedule
 from ddlm_jax.diffusion.uniform import (
+  PluginNELBO,
   as_float,
   broadcast_alpha,
   check_common,
-  log_prob_cross_entropy,
   mixture_constants,
   schedule_alpha,
 )
@@ -232,7 +232,7 @@ def interpolating_step_kl(
 
 
 @dataclasses.dataclass(frozen=True)
-class InterpolatingDiffusion:
+class InterpolatingDiffusion(PluginNELBO):
   """Masked + uniform mixture over V tokens and the mask id V.
 
   The reported NELBO is a full bound (as UniformDiffusion's): the closed-form
@@ -382,24 +382,6 @@ class InterpolatingDiffusion:
       self.mixing,
     )
 
-  def loss(
-    self,
-    apply: ApplyFn,
-    key: jax.Array,
-    x_BxL: jax.Array,
-    loss_mask_BxL: jax.Array | None = None,
-  ):
-    """One Monte-Carlo sample: (objective_B, nelbo_B, aux)."""
-    t_B, weight_B, z_BxL = self.draw(key, x_BxL)
-    logits_BxLxV = apply(z_BxL, t_B)
-    return self.bound(logits_BxLxV, x_BxL, z_BxL, t_B, weight_B, loss_mask_BxL)
-
-  def draw(self, key: jax.Array, x_BxL: jax.Array):
-    """(t_B, weight_B, z_BxL), with MaskedDiffusion.draw's key use."""
-    t_key, noise_key = jax.random.split(key)
-    t_B, weight_B = self.sample_times(t_key, x_BxL.shape[0])
-    return t_B, weight_B, self.corrupt(noise_key, x_BxL, t_B)
-
   def diffusion_terms(self, logits_BxLxV, x_BxL, z_BxL, t_B) -> jax.Array:
     """Per-position diffusion terms (rate, or one step's KL), LOO plugged in."""
     loo_BxLxV = self.loo_log_probs(logits_BxLxV, z_BxL, t_B)
@@ -413,34 +395,12 @@ class InterpolatingDiffusion:
       loo_BxLxV, x_BxL, z_BxL, alpha_t, self.mixing
     )
 
-  def bound(self, logits_BxLxV, x_BxL, z_BxL, t_B, weight_B, loss_mask_BxL):
-    """(objective_B, nelbo_B, aux) of one prediction at z_t (see loss).
-
-    weight_B is sample_times' weight: (1 - t_min)(-alpha'(t)) in continuous
-    time, T for T steps (s = t - 1/T).
-    """
-    batch, length = x_BxL.shape
-    valid_BxL = jnp.ones((batch, length), jnp.float32)
-    if loss_mask_BxL is not None:
-      valid_BxL = as_float(loss_mask_BxL)
-    valid_B = valid_BxL.sum(-1)
-    terms_BxL = self.diffusion_terms(logits_BxLxV, x_BxL, z_BxL, t_B)
-    recon, prior = self.constant_nats()
-    nelbo_B = (
-      weight_B * jnp.sum(terms_BxL * valid_BxL, -1) + (recon + prior) * valid_B
-    )
-    if self.loss_type == 'elbo':
-      objective_B = nelbo_B
-    else:
-      logp_BxLxV = self.denoiser_log_probs(logits_BxLxV, z_BxL, t_B)
-      ce_BxL = log_prob_cross_entropy(logp_BxLxV, x_BxL)
-      objective_B = jnp.sum(ce_BxL * valid_BxL, -1)
-    denom_B = jnp.maximum(valid_B, 1.0)
+  def aux_stats(self, x_BxL, z_BxL, valid_BxL) -> dict:
+    """Per-sequence statistics logged with the loss."""
+    denom_B = jnp.maximum(valid_BxL.sum(-1), 1.0)
     masked_BxL = (z_BxL == self.mask_id) * valid_BxL
     changed_BxL = (z_BxL != x_BxL) * valid_BxL
-    aux = {
+    return {
       'masked_fraction': masked_BxL.sum(-1) / denom_B,
       'changed_fraction': changed_BxL.sum(-1) / denom_B,
-      't': t_B,
     }
-    return objective_B, nelbo_B, aux

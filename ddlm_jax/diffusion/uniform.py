@@ -285,8 +285,65 @@ def schedule_alpha(schedule: Schedule, t: float) -> float:
     return float(schedule.alpha(float(t)))
 
 
+class PluginNELBO:
+  """loss / draw / bound of the processes that plug the LOO into the bound.
+
+  Shared by UniformDiffusion and InterpolatingDiffusion, which supply
+  sample_times, corrupt, diffusion_terms (per-position rate or step KL),
+  constant_nats (reconstruction and prior nats per token),
+  denoiser_log_probs, aux_stats and the loss_type field.
+  """
+
+  def loss(
+    self,
+    apply: ApplyFn,
+    key: jax.Array,
+    x_BxL: jax.Array,
+    loss_mask_BxL: jax.Array | None = None,
+  ):
+    """One Monte-Carlo sample: (objective_B, nelbo_B, aux), as MaskedDiffusion.
+
+    `loss_mask_BxL` (1 = real token, 0 = padding) removes padded positions
+    from the bound; padding is still corrupted and seen by the network.
+    """
+    t_B, weight_B, z_BxL = self.draw(key, x_BxL)
+    logits_BxLxV = apply(z_BxL, t_B)
+    return self.bound(logits_BxLxV, x_BxL, z_BxL, t_B, weight_B, loss_mask_BxL)
+
+  def draw(self, key: jax.Array, x_BxL: jax.Array):
+    """(t_B, weight_B, z_BxL), with MaskedDiffusion.draw's key use."""
+    t_key, noise_key = jax.random.split(key)
+    t_B, weight_B = self.sample_times(t_key, x_BxL.shape[0])
+    return t_B, weight_B, self.corrupt(noise_key, x_BxL, t_B)
+
+  def bound(self, logits_BxLxV, x_BxL, z_BxL, t_B, weight_B, loss_mask_BxL):
+    """(objective_B, nelbo_B, aux) of one prediction at z_t (see loss).
+
+    weight_B is sample_times' weight: (1 - t_min)(-alpha'(t)) in continuous
+    time, T for T steps (s = t - 1/T).
+    """
+    batch, length = x_BxL.shape
+    valid_BxL = jnp.ones((batch, length), jnp.float32)
+    if loss_mask_BxL is not None:
+      valid_BxL = as_float(loss_mask_BxL)
+    valid_B = valid_BxL.sum(-1)
+    terms_BxL = self.diffusion_terms(logits_BxLxV, x_BxL, z_BxL, t_B)
+    recon, prior = self.constant_nats()
+    nelbo_B = (
+      weight_B * jnp.sum(terms_BxL * valid_BxL, -1) + (recon + prior) * valid_B
+    )
+    if self.loss_type == 'elbo':
+      objective_B = nelbo_B
+    else:
+      logp_BxLxV = self.denoiser_log_probs(logits_BxLxV, z_BxL, t_B)
+      ce_BxL = log_prob_cross_entropy(logp_BxLxV, x_BxL)
+      objective_B = jnp.sum(ce_BxL * valid_BxL, -1)
+    aux = {**self.aux_stats(x_BxL, z_BxL, valid_BxL), 't': t_B}
+    return objective_B, nelbo_B, aux
+
+
 @dataclasses.dataclass(frozen=True)
-class UniformDiffusion:
+class UniformDiffusion(PluginNELBO):
   """Uniform-state diffusion over V tokens (no mask token).
 
   The reported NELBO is a full bound, in nats per sequence:
@@ -399,28 +456,6 @@ class UniformDiffusion:
       self.schedule.alpha(jnp.asarray(t_B)),
     )
 
-  def loss(
-    self,
-    apply: ApplyFn,
-    key: jax.Array,
-    x_BxL: jax.Array,
-    loss_mask_BxL: jax.Array | None = None,
-  ):
-    """One Monte-Carlo sample: (objective_B, nelbo_B, aux), as MaskedDiffusion.
-
-    `loss_mask_BxL` (1 = real token, 0 = padding) removes padded positions
-    from the bound; padding is still corrupted and seen by the network.
-    """
-    t_B, weight_B, z_BxL = self.draw(key, x_BxL)
-    logits_BxLxV = apply(z_BxL, t_B)
-    return self.bound(logits_BxLxV, x_BxL, z_BxL, t_B, weight_B, loss_mask_BxL)
-
-  def draw(self, key: jax.Array, x_BxL: jax.Array):
-    """(t_B, weight_B, z_BxL): diffusion times, weights and z_t."""
-    t_key, noise_key = jax.random.split(key)
-    t_B, weight_B = self.sample_times(t_key, x_BxL.shape[0])
-    return t_B, weight_B, self.corrupt(noise_key, x_BxL, t_B)
-
   def diffusion_terms(self, logits_BxLxV, x_BxL, z_BxL, t_B) -> jax.Array:
     """Per-position diffusion terms (rate, or one step's KL), LOO plugged in."""
     loo_BxLxV = self.loo_log_probs(logits_BxLxV, z_BxL, t_B)
@@ -432,31 +467,10 @@ class UniformDiffusion:
       )
     return uniform_nelbo_rate(loo_BxLxV, x_BxL, z_BxL, alpha_t)
 
-  def bound(self, logits_BxLxV, x_BxL, z_BxL, t_B, weight_B, loss_mask_BxL):
-    """(objective_B, nelbo_B, aux) of one prediction at z_t (see loss).
-
-    weight_B is sample_times' weight: (1 - t_min)(-alpha'(t)) in continuous
-    time, T for T steps (s = t - 1/T).
-    """
-    batch, length = x_BxL.shape
-    valid_BxL = jnp.ones((batch, length), jnp.float32)
-    if loss_mask_BxL is not None:
-      valid_BxL = as_float(loss_mask_BxL)
-    valid_B = valid_BxL.sum(-1)
-    terms_BxL = self.diffusion_terms(logits_BxLxV, x_BxL, z_BxL, t_B)
-    recon, prior = self.constant_nats()
-    nelbo_B = (
-      weight_B * jnp.sum(terms_BxL * valid_BxL, -1) + (recon + prior) * valid_B
-    )
-    if self.loss_type == 'elbo':
-      objective_B = nelbo_B
-    else:
-      logp_BxLxV = self.denoiser_log_probs(logits_BxLxV, z_BxL, t_B)
-      ce_BxL = log_prob_cross_entropy(logp_BxLxV, x_BxL)
-      objective_B = jnp.sum(ce_BxL * valid_BxL, -1)
+  def aux_stats(self, x_BxL, z_BxL, valid_BxL) -> dict:
+    """Per-sequence statistics logged with the loss."""
     changed_BxL = (z_BxL != x_BxL).astype(jnp.float32) * valid_BxL
-    aux = {
-      'changed_fraction': changed_BxL.sum(-1) / jnp.maximum(valid_B, 1.0),
-      't': t_B,
+    return {
+      'changed_fraction': changed_BxL.sum(-1)
+      / jnp.maximum(valid_BxL.sum(-1), 1.0)
     }
-    return objective_B, nelbo_B, aux

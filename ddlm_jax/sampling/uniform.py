@@ -86,10 +86,24 @@ def forward_probs(process, x_probs_BxLxV: jax.Array, alpha) -> jax.Array:
   return jnp.concatenate([alpha * x_probs_BxLxV, mask_BxLx1], axis=-1)
 
 
-def denoiser_log_probs(apply, process, z_BxL, t_B, filters: dict):
-  """One network call: the filtered log p_theta(x^i | z_t), [B, L, V]."""
+TAILS = ('denoiser', 'plugin')
+
+
+def denoiser_log_probs(
+  apply, process, z_BxL, t_B, filters: dict, source: str = 'denoiser'
+):
+  """One network call: the filtered log p_theta(x^i | z_t), [B, L, V].
+
+  source='plugin' returns the LOO probabilities p(x^i | z^{-i}) instead:
+  what a sampler uses when it takes the output of a network trained on the
+  plug-in NELBO (whose optimum is the LOO posterior) as its clean-data
+  prediction without the LOO -> denoiser conversion.
+  """
   logits_BxLxV = apply(z_BxL, t_B.astype(jnp.float32))
-  logp_BxLxV = process.denoiser_log_probs(logits_BxLxV, z_BxL, t_B)
+  if source == 'plugin':
+    logp_BxLxV = process.loo_log_probs(logits_BxLxV, z_BxL, t_B)
+  else:
+    logp_BxLxV = process.denoiser_log_probs(logits_BxLxV, z_BxL, t_B)
   return jax.nn.log_softmax(filter_logits(logp_BxLxV, **filters), axis=-1)
 
 
@@ -120,6 +134,7 @@ def categorical_fill(
   greedy_tail: bool,
   filters: dict,
   corrector: Corrector | None = None,
+  tail: str = 'denoiser',
 ) -> jax.Array:
   """The step loop of uniform_ancestral, psi (non-masked) and loo_gibbs.
 
@@ -128,7 +143,9 @@ def categorical_fill(
   with p0 the filtered denoiser; the last step is the noise removal (p0 or
   its argmax). Only positions inside the window holding the generate id
   change (they start from the prior). `corrector`, if given, runs after
-  every step but the last. Returns z_BxL; every step is one network call.
+  every step but the last. tail='plugin' takes the last step from the LOO
+  probabilities instead of the denoiser (see denoiser_log_probs). Returns
+  z_BxL; every step is one network call.
   """
   steps = int(kappa_T.shape[0])
   if t_grid.shape[0] != steps + 1:
@@ -162,7 +179,7 @@ def categorical_fill(
   z_BxL = jax.lax.fori_loop(0, steps - 1, step, z_BxL)
   last = steps - 1
   t_B = jnp.full((batch,), t_T[last])
-  logp_BxLxV = denoiser_log_probs(apply, process, z_BxL, t_B, filters)
+  logp_BxLxV = denoiser_log_probs(apply, process, z_BxL, t_B, filters, tail)
   if greedy_tail:
     tokens = jnp.argmax(logp_BxLxV, axis=-1).astype(jnp.int32)
   else:
@@ -230,6 +247,10 @@ class UniformAncestralSampler(Sampler):
   Attributes:
     num_steps: T (the last step is the noise removal).
     greedy_tail: the last step takes the denoiser's argmax.
+    tail: 'denoiser' (exact) or 'plugin': the last step reads the LOO
+      probabilities as if they were the denoiser, as samplers that take a
+      plug-in-NELBO network's output for p(x | z_t) do (the comparison of
+      arXiv 2605.22765, on one trained model).
   """
 
   name: ClassVar[str] = 'uniform_ancestral'
@@ -237,11 +258,17 @@ class UniformAncestralSampler(Sampler):
 
   num_steps: int = 128
   greedy_tail: bool = False
+  tail: str = 'denoiser'
 
   def __post_init__(self):
     super().__post_init__()
     require_int('num_steps', self.num_steps, 1)
     self._set(greedy_tail=bool(self.greedy_tail))
+    if self.tail not in TAILS:
+      raise ValueError(
+        f'tail={self.tail!r}; choose one of {TAILS} (denoiser: exact; '
+        'plugin: the LOO probabilities read as the denoiser).'
+      )
 
   def nfe(self) -> int:
     """Network calls: one per step."""
@@ -266,6 +293,7 @@ class UniformAncestralSampler(Sampler):
       greedy_tail=self.greedy_tail,
       filters=self.filters,
       corrector=self.corrector(apply, process),
+      tail=self.tail,
     )
     return z_BxL, jnp.int32(self.nfe())
 
