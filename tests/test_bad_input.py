@@ -95,6 +95,15 @@ def _config(**overrides):
       'transformer backbone',
     ),
     (
+      {
+        'process.kind': 'bd3',
+        'model.time_conditioning': True,
+        'sample.sampler': 'block',
+      },
+      'block diffusion is time-free',
+    ),
+    ({'model.time_conditioning': True}, 'caching needs a time-free network'),
+    (
       {'process.kind': 'bd3', 'sample.sampler': 'block:inner=loo_gibbs'},
       "inner sampler 'loo_gibbs'",
     ),

@@ -484,11 +484,23 @@ def test_md4_text8_smoke_trains_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', ['md4_owt', 'mdlm_lm1b', 'ar_lm1b', 'ar_owt'])
-def test_paper_smoke_presets_train_end_to_end(name, tmp_path):
+@pytest.mark.parametrize(
+  'name,preset',
+  [
+    ('md4_owt', 'smoke'),
+    ('mdlm_lm1b', 'smoke'),
+    ('ar_lm1b', 'smoke'),
+    ('ar_owt', 'smoke'),
+    # Uniform-state with Duo's curriculum on padded LM1B rows (loss_mask),
+    # and block diffusion on packed OWT rows.
+    ('duo_lm1b', 'smoke'),
+    ('bd3_owt', '16,smoke'),
+  ],
+)
+def test_paper_smoke_presets_train_end_to_end(name, preset, tmp_path):
   """Every paper config's :smoke preset trains and evaluates through the
   real data code (md4_text8 and mdlm_owt have their own tests)."""
-  c = _config(name, cache_dir=str(tmp_path / 'cache'))
+  c = _config(name, preset, cache_dir=str(tmp_path / 'cache'))
   c.mesh.shape = (1, 1, 1)
   c.sample.num_samples = 0
   summary = loop.train_and_evaluate(c, str(tmp_path / 'run'))

@@ -111,3 +111,12 @@ def test_process_families_are_declared_for_every_kind():
   assert set(builders.FAMILIES) == set(builders.PROCESSES)
   for kind, family in builders.FAMILIES.items():
     assert builders.process_family(kind) == family
+
+
+def test_clip_search_bands_are_checked():
+  from experiments.clip_search import parse_clips
+
+  assert parse_clips('0,1; 0.3,0.8') == [(0.0, 1.0), (0.3, 0.8)]
+  for bad in ('0.8,0.3', '0,1,2', '', '-0.1,0.5'):
+    with pytest.raises(ValueError, match='BETA|no band'):
+      parse_clips(bad)

@@ -42,13 +42,21 @@ def model_flops(run, batch: int, length: int) -> float:
   return run.forward_flops(batch, length)
 
 
-def _check_time_free(sampler, run):
-  if sampler.needs_time_free and run.config.model.time_conditioning:
+def check_time_free(sampler, time_conditioning: bool):
+  """ValueError if the sampler needs a time-free network and has none."""
+  if not (sampler.needs_time_free and time_conditioning):
+    return
+  if 'block' in getattr(type(sampler), 'families', ()):
     raise ValueError(
-      f'sampler {sampler.name!r} with caching needs a time-free network; set '
-      '--config.sample.use_cache=False (or use_cache=False in its params) '
-      'for time-conditioned models.'
+      f'sampler {sampler.name!r} calls the network without a time (block '
+      'diffusion is time-free, as in BD3-LM); set '
+      '--config.model.time_conditioning=False.'
     )
+  raise ValueError(
+    f'sampler {sampler.name!r} with caching needs a time-free network; set '
+    '--config.sample.use_cache=False (or use_cache=False in its params) '
+    'for time-conditioned models.'
+  )
 
 
 def draw_samples(
@@ -91,7 +99,7 @@ def draw_samples(
   else:
     if sampler is None:
       sampler = sampler_from_config(run.config.sample)
-    _check_time_free(sampler, run)
+    check_time_free(sampler, run.config.model.time_conditioning)
     if sampler.num_models == 2:
       if light_run is None:
         raise ValueError(
@@ -131,7 +139,7 @@ def draw_samples(
   tokens = np.concatenate(tokens)
   nfe = np.mean(nfes, axis=0)  # per call
   total = tokens.shape[0]
-  stats = throughput(total, length, seconds, nfe)
+  stats = throughput(total, tokens.shape[1], seconds, nfe)
   if work:
     flops = sum(
       block_sampling.estimate_flops(run.model_config, w, num_samples)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ddlm_jax.evaluation import cost
 from ddlm_jax.evaluation.likelihood import evaluate_likelihood
-from ddlm_jax.evaluation.sample_run import sample_and_score
+from ddlm_jax.evaluation.sample_run import check_time_free, sample_and_score
 from ddlm_jax.parallel import make_mesh
 from ddlm_jax.sampling.registry import sampler_from_config
 from ddlm_jax.training import builders, fit, steps, warm_start
@@ -76,7 +76,7 @@ def lm_trainer_config(config) -> fit.TrainerConfig:
   )
 
 
-def check_sample_config(sample, process):
+def check_sample_config(sample, process, time_conditioning: bool = False):
   """The sampler of a config's `sample` block, built and checked (or None).
 
   Runs before training, so a typo in a sampler spec, or a sampler that does
@@ -105,6 +105,7 @@ def check_sample_config(sample, process):
   sampler = sampler_from_config(sample)
   try:
     sampler.check_applies(process)
+    check_time_free(sampler, time_conditioning)
   except (ValueError, TypeError) as err:
     raise ConfigError(f'sample.sampler: {err}') from None
   return sampler if num else None
@@ -142,7 +143,9 @@ class Run:
     stand_in = builders.check_process_config(
       config.process, config.model, config.data.seq_len, soft_mask
     )
-    self.sampler = check_sample_config(config.sample, stand_in)
+    self.sampler = check_sample_config(
+      config.sample, stand_in, config.model.get('time_conditioning', False)
+    )
     if self.init_from:
       warm_start.copy_tokenizer(self.init_from, workdir)
     self.data = builders.prepare_data(config.data, workdir)
