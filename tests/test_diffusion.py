@@ -174,3 +174,30 @@ def test_autoregressive_nll_exact_for_known_model():
   np.testing.assert_allclose(nll_B, 0.0, atol=1e-3)
   uniform = proc.loss(lambda i, t: jnp.zeros(i.shape + (vocab,)), None, x)[1]
   np.testing.assert_allclose(uniform, 6 * math.log(vocab), rtol=1e-6)
+
+
+def test_simple_ce_trains_on_unweighted_masked_ce_and_reports_the_nelbo():
+  """loss_type='simple_ce' (arXiv 2602.15014): the objective is the masked
+  tokens' cross-entropy without the ELBO weight; nelbo_B is unchanged."""
+  from ddlm_jax.diffusion.masked import token_cross_entropy
+
+  vocab, batch, length = 5, 4, 6
+  x_BxL = jax.random.randint(jax.random.key(0), (batch, length), 0, vocab)
+  table_VxV = jax.random.normal(jax.random.key(1), (vocab + 1, vocab))
+  apply = lambda z_BxL, t_B: table_VxV[z_BxL]
+  kwargs = dict(schedule=get_schedule('loglinear'), vocab_size=vocab)
+  key = jax.random.key(2)
+  elbo = MaskedDiffusion(**kwargs).loss(apply, key, x_BxL)
+  ce = MaskedDiffusion(**kwargs, loss_type='simple_ce').loss(apply, key, x_BxL)
+  np.testing.assert_allclose(ce[1], elbo[1], rtol=1e-6)  # same NELBO
+  np.testing.assert_allclose(elbo[0], elbo[1], rtol=1e-6)
+  t_B, weight_B, z_BxL = MaskedDiffusion(**kwargs).draw(key, x_BxL)
+  masked_BxL = z_BxL == vocab
+  ce_B = jnp.sum(
+    jnp.where(masked_BxL, token_cross_entropy(apply(z_BxL, t_B), x_BxL), 0.0),
+    -1,
+  )
+  np.testing.assert_allclose(ce[0], ce_B, rtol=1e-5)
+  assert masked_BxL.any() and not np.allclose(ce[0], elbo[0])
+  with pytest.raises(ValueError, match='loss_type'):
+    MaskedDiffusion(**kwargs, loss_type='ce')

@@ -234,8 +234,29 @@ def _no_record(inner):
   return fill
 
 
+class GeneratingSampler(Sampler):
+  """A sampler whose `generate` returns more than (tokens, nfe): lengths,
+  cache extensions, the work done (`Cost`); calling it returns the pair."""
+
+  def __call__(
+    self,
+    apply,
+    key: jax.Array,
+    process,
+    *,
+    batch: int,
+    length: int,
+    prompt_BxL: jax.Array | None = None,
+  ):
+    """(tokens_BxL, nfe) like every sampler; `generate` returns the rest."""
+    out = self.generate(
+      apply, key, process, batch=batch, length=length, prompt_BxL=prompt_BxL
+    )
+    return out.tokens_BxL, out.nfe
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BlockSampler(Sampler):
+class BlockSampler(GeneratingSampler):
   """Block-by-block generation for block-diffusion networks.
 
   `apply` is the network itself (init_cache, block_logits, extend_cache and,
@@ -388,22 +409,6 @@ class BlockSampler(Sampler):
       z_BxL = jnp.asarray(prompt_BxL).astype(jnp.int32)
     open_BxL = jnp.ones((batch, total), bool)
     return self.run(apply, key, process, z_BxL, open_BxL)
-
-  def __call__(
-    self,
-    apply,
-    key: jax.Array,
-    process,
-    *,
-    batch: int,
-    length: int,
-    prompt_BxL: jax.Array | None = None,
-  ):
-    """(tokens_BxL, nfe) like every sampler; `generate` returns the rest."""
-    out = self.generate(
-      apply, key, process, batch=batch, length=length, prompt_BxL=prompt_BxL
-    )
-    return out.tokens_BxL, out.nfe
 
   def fill(self, apply, key, process, z_BxL, window_BxL):
     """Fills the masked positions of z inside the window, block by block."""

@@ -43,6 +43,7 @@ from ddlm_jax.sampling.block import (
   STOPS,
   BlockSampler,
   Cost,
+  GeneratingSampler,
   check_block_model,
   check_block_process,
 )
@@ -212,7 +213,7 @@ class DiDSample(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class DiDSampler(Sampler):
+class DiDSampler(GeneratingSampler):
   """Draft block by block, then refine the least confident tokens globally.
 
   Attributes:
@@ -386,22 +387,6 @@ class DiDSampler(Sampler):
       extensions=out.extensions,
       cost=cost,
     )
-
-  def __call__(
-    self,
-    apply,
-    key: jax.Array,
-    process,
-    *,
-    batch: int,
-    length: int,
-    prompt_BxL: jax.Array | None = None,
-  ):
-    """(tokens_BxL, nfe) like every sampler; `generate` returns the rest."""
-    out = self.generate(
-      apply, key, process, batch=batch, length=length, prompt_BxL=prompt_BxL
-    )
-    return out.tokens_BxL, out.nfe
 
   def fill(self, apply, key, process, z_BxL, window_BxL):
     """Not supported: DiD refines whole sequences, so it cannot nest."""
