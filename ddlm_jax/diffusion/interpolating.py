@@ -24,7 +24,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from ddlm_jax.diffusion.masked import antithetic_uniform
 from ddlm_jax.diffusion.schedules import Schedule
 from ddlm_jax.diffusion.uniform import (
   PluginNELBO,
@@ -298,19 +297,6 @@ class InterpolatingDiffusion(PluginNELBO):
       schedule_alpha(self.schedule, 1.0), self.vocab_size, self.mixing
     )
     return recon, prior
-
-  def sample_times(self, key: jax.Array, batch: int):
-    """(t_B, weight_B): times and the weight of the per-position terms."""
-    if self.antithetic:
-      u_B = antithetic_uniform(key, batch)
-    else:
-      u_B = jax.random.uniform(key, (batch,))
-    if self.num_steps:
-      steps = self.num_steps
-      t_B = jnp.minimum((jnp.floor(u_B * steps) + 1.0) / steps, 1.0)
-      return t_B, jnp.full((batch,), float(steps))
-    t_B = self.t_min + (1.0 - self.t_min) * u_B
-    return t_B, -(1.0 - self.t_min) * self.schedule.dalpha(t_B)
 
   def _from_pi(self, key: jax.Array, frac_BxL, shape):
     """Draws from pi: mask if frac < 1 - p_u, else a uniform data token."""

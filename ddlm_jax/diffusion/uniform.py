@@ -288,11 +288,25 @@ def schedule_alpha(schedule: Schedule, t: float) -> float:
 class PluginNELBO:
   """loss / draw / bound of the processes that plug the LOO into the bound.
 
-  Shared by UniformDiffusion and InterpolatingDiffusion, which supply
-  sample_times, corrupt, diffusion_terms (per-position rate or step KL),
+  Shared by UniformDiffusion and InterpolatingDiffusion, which supply the
+  fields num_steps, t_min, antithetic, schedule, loss_type and corrupt,
+  diffusion_terms (per-position rate or step KL),
   constant_nats (reconstruction and prior nats per token),
   denoiser_log_probs, aux_stats and the loss_type field.
   """
+
+  def sample_times(self, key: jax.Array, batch: int):
+    """(t_B, weight_B): times and the weight of the per-position terms."""
+    if self.antithetic:
+      u_B = antithetic_uniform(key, batch)
+    else:
+      u_B = jax.random.uniform(key, (batch,))
+    if self.num_steps:
+      steps = self.num_steps
+      t_B = jnp.minimum((jnp.floor(u_B * steps) + 1.0) / steps, 1.0)
+      return t_B, jnp.full((batch,), float(steps))
+    t_B = self.t_min + (1.0 - self.t_min) * u_B
+    return t_B, -(1.0 - self.t_min) * self.schedule.dalpha(t_B)
 
   def loss(
     self,
@@ -398,19 +412,6 @@ class UniformDiffusion(PluginNELBO):
       schedule_alpha(self.schedule, 1.0), self.vocab_size, 1.0
     )
     return recon, prior
-
-  def sample_times(self, key: jax.Array, batch: int):
-    """(t_B, weight_B): times and the weight of the per-position terms."""
-    if self.antithetic:
-      u_B = antithetic_uniform(key, batch)
-    else:
-      u_B = jax.random.uniform(key, (batch,))
-    if self.num_steps:
-      steps = self.num_steps
-      t_B = jnp.minimum((jnp.floor(u_B * steps) + 1.0) / steps, 1.0)
-      return t_B, jnp.full((batch,), float(steps))
-    t_B = self.t_min + (1.0 - self.t_min) * u_B
-    return t_B, -(1.0 - self.t_min) * self.schedule.dalpha(t_B)
 
   def corrupt(self, key: jax.Array, x_BxL: jax.Array, t_B: jax.Array):
     """z_t ~ q(z_t | x): keep w.p. alpha(t), else uniform over V.
