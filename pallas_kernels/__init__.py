@@ -1,8 +1,12 @@
 """Pallas kernels for ddlm_jax: scans (diagonal and PD-SSM) and attention.
 
 Every op has a sequential/plain reference, an XLA path and a Pallas kernel
-with a hand-written backward; ``impl='auto'`` picks Pallas on TPU and XLA on
-CPU and GPU. This package imports nothing from ddlm_jax.
+with a hand-written backward, lowered through Mosaic on TPU and Triton on
+GPU. Attention also dispatches to library kernels (cuDNN on GPU, splash on
+TPU). ``impl='auto'`` follows a small table per op: for the scans
+``_common.AUTO_IMPL`` (Pallas on TPU, XLA elsewhere), for attention
+``attention.api.AUTO_TABLE`` (by platform, mask kind, dtype and length).
+This package imports nothing from ddlm_jax.
 """
 
 from pallas_kernels.attention import MaskSpec, attention

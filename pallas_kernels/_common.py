@@ -8,31 +8,113 @@ one place.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
 
 IMPLS = ('auto', 'reference', 'xla', 'pallas', 'interpret')
+KERNELS = ('attention', 'linear_scan', 'pd_scan')
+
+# Platforms whose compiled Pallas path each kernel claims: TPU through Mosaic,
+# GPU ('gpu' backend, exported as 'cuda') through Triton. Each claim is
+# checked by tests/test_kernels_export.py (lowering by export from the CPU).
+PALLAS_PLATFORMS = {
+  'attention': ('tpu', 'gpu'),
+  'linear_scan': ('tpu', 'gpu'),
+  'pd_scan': ('tpu', 'gpu'),
+}
+
+# What impl='auto' picks per kernel and backend. No benchmark of the compiled
+# kernels exists yet on either accelerator (pallas_kernels/benchmarks/ has
+# only run on CPU, where the Pallas path is interpret mode): TPU keeps the
+# kernels, which were written for it, and GPU keeps XLA until
+# ``python -m pallas_kernels.benchmarks.scan_bench`` /
+# ``attention_bench`` are run on a GPU and show the Triton kernels ahead.
+# Attention's public dispatch (attention.api) decides 'auto' with its own
+# AUTO_TABLE; the 'attention' row here only serves resolve_impl's callers.
+AUTO_IMPL = {
+  'attention': {'tpu': 'pallas', 'gpu': 'xla'},
+  'linear_scan': {'tpu': 'pallas', 'gpu': 'xla'},
+  'pd_scan': {'tpu': 'pallas', 'gpu': 'xla'},
+}
 
 Planes = tuple[jax.Array, ...]
 
 
-def resolve_impl(impl: str) -> str:
-  """Maps 'auto' to a concrete impl: 'pallas' on TPU, else 'xla'.
+def resolve_impl(impl: str, kernel: str = 'attention') -> str:
+  """Maps 'auto' to a concrete impl for this backend (see ``AUTO_IMPL``).
 
-  The kernels are written for TPU (Mosaic) and checked in interpret mode;
-  on GPU this JAX version lowers Pallas through Mosaic GPU, whose layout
-  rules these kernels do not meet, so GPU uses the XLA path.
+  'pallas' stays 'pallas' on a backend the kernel claims (``PALLAS_PLATFORMS``)
+  and raises on one it does not; on CPU it is left to fail at lowering
+  (only 'interpret' runs Pallas there).
   """
   if impl not in IMPLS:
     raise ValueError(f'impl must be one of {IMPLS}, got {impl!r}.')
+  if kernel not in KERNELS:
+    raise ValueError(f'kernel must be one of {KERNELS}, got {kernel!r}.')
+  backend = jax.default_backend()
   if impl == 'auto':
-    return 'pallas' if jax.default_backend() == 'tpu' else 'xla'
-  if impl == 'pallas' and jax.default_backend() == 'gpu':
-    raise NotImplementedError(
-      "impl='pallas' targets TPU; on GPU use impl='xla' (or 'auto')."
-    )
+    return AUTO_IMPL[kernel].get(backend, 'xla')
+  if impl == 'pallas' and backend == 'gpu':
+    if 'gpu' not in PALLAS_PLATFORMS[kernel]:
+      raise NotImplementedError(
+        f"impl='pallas' for {kernel} has no GPU kernel; use impl='xla' (or "
+        "'auto')."
+      )
   return impl
+
+
+# Lowering platforms (as ``jax.export`` and ``lax.platform_dependent`` name
+# them) of each backend a kernel may claim.
+_LOWERING_PLATFORMS = {'tpu': ('tpu',), 'gpu': ('cuda',)}
+
+
+def compiler_params(
+  platform: str,
+  *,
+  dimension_semantics: tuple[str, ...] | None = None,
+  num_warps: int = 4,
+  num_stages: int = 2,
+):
+  """Backend compiler parameters for one lowering platform.
+
+  'tpu': Mosaic params (``dimension_semantics`` per grid axis); 'gpu' or
+  'cuda': Triton params (warps per program, software-pipelining stages);
+  'interpret': None. A pallas_call accepts one backend's params only, so the
+  choice is made per platform by ``platform_call``.
+  """
+  if platform == 'interpret':
+    return None
+  if platform == 'tpu':
+    return pltpu.CompilerParams(dimension_semantics=dimension_semantics)
+  if platform in ('gpu', 'cuda'):
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+  raise ValueError(
+    f"platform must be 'tpu', 'gpu', 'cuda' or 'interpret', got {platform!r}."
+  )
+
+
+def platform_call(fn, *args, platforms: tuple[str, ...], interpret: bool):
+  """Calls ``fn(*args, platform=p)`` for the platform p being lowered for.
+
+  The branch is chosen at lowering time (``lax.platform_dependent``), not from
+  the local backend, so ``jax.export`` from a CPU host lowers the TPU or the
+  GPU kernel as asked; only that branch is lowered. ``platforms`` holds
+  backend names ('tpu', 'gpu'); lowering for any other platform fails with
+  JAX's error naming the platforms. With interpret=True, fn runs once with
+  platform='interpret' (any backend).
+  """
+  if interpret:
+    return fn(*args, platform='interpret')
+  branches = {}
+  for backend in platforms:
+    for p in _LOWERING_PLATFORMS[backend]:
+      branches[p] = functools.partial(fn, platform=backend)
+  return jax.lax.platform_dependent(*args, **branches)
 
 
 def compute_dtype(*dtypes) -> np.dtype:
@@ -93,3 +175,8 @@ def cdiv(a: int, b: int) -> int:
 
 def round_up(a: int, b: int) -> int:
   return cdiv(a, b) * b
+
+
+def next_pow2(n: int) -> int:
+  """Smallest power of two >= n (Triton needs power-of-two tensor sizes)."""
+  return 1 << max(int(n) - 1, 0).bit_length()

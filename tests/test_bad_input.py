@@ -97,6 +97,15 @@ def _config(**overrides):
     (
       {
         'process.kind': 'bd3',
+        'model.attention_impl': 'cudnn',
+        'sample.sampler': 'block',
+      },
+      "attention_impl='cudnn' has no 'block_diffusion' mask",
+    ),
+    ({'model.attention_impl': 'flash'}, "attention_impl='flash'"),
+    (
+      {
+        'process.kind': 'bd3',
         'model.time_conditioning': True,
         'sample.sampler': 'block',
       },

@@ -2,11 +2,13 @@
 
 `attend` is the only place that computes softmax attention. impl='xla' is a
 plain einsum-softmax-einsum in XLA (a `pallas_kernels.MaskSpec`, if given,
-is materialised as a dense boolean mask); 'pallas', 'interpret' and 'auto'
-go through `pallas_kernels.attention` (flash attention with masks described
-per tile). Heads are kept in [B, H, L, K] layout from one fused QKV
-projection: on XLA's CPU backend the per-tensor transposes of the
-[B, L, H, K] layout cost more than the attention matmuls themselves.
+is materialised as a dense boolean mask); every other impl (the config key
+`model.attention_impl`) goes through `pallas_kernels.attention`, which
+dispatches to cuDNN, splash, the suite's flash kernel or its reference and
+raises, before compute, for a backend the platform or mask cannot use.
+Heads are kept in [B, H, L, K] layout from one fused QKV projection: on
+XLA's CPU backend the per-tensor transposes of the [B, L, H, K] layout cost
+more than the attention matmuls themselves.
 
 Block diffusion (BD3-LM) needs two more things, both here: a described mask
 with rotary positions that repeat over the two halves of concat(z_t, x)
@@ -25,7 +27,28 @@ from flax import nnx
 
 from ddlm_jax.models.layers import Dense
 
-ATTENTION_IMPLS = ('xla', 'auto', 'pallas', 'interpret')
+# The same names as pallas_kernels.attention.api.IMPLS (a test checks);
+# spelled out here so that XLA-only users never import Pallas.
+ATTENTION_IMPLS = (
+  'xla',
+  'auto',
+  'cudnn',
+  'splash',
+  'pallas',
+  'interpret',
+  'reference',
+)
+# Mask kinds each impl cannot express on any platform (cuDNN has only full
+# and causal masks, each with optional key padding).
+_KINDS_NOT_EXPRESSIBLE = {
+  'cudnn': (
+    'block_causal',
+    'prefix_lm',
+    'block_diffusion',
+    'segments',
+    'groups',
+  )
+}
 
 # One layer's cache: (keys, values), each [B, H, max_len, K], keys rotated.
 LayerCache = tuple[jax.Array, jax.Array]
@@ -80,6 +103,31 @@ def xla_attention(
   return jnp.einsum('bhqk,bhkd->bhqd', p_BxHxLxS, v_BxHxSxK)
 
 
+def check_attention_impl(impl: str, mask_kinds=()) -> None:
+  """Raises ValueError if impl is unknown or cannot express a mask kind.
+
+  For config checks before anything is built: e.g. block diffusion trains
+  with the 'block_diffusion' kind, which cuDNN has no mask for. Platform,
+  shape and dtype limits are checked by `pallas_kernels.attention` when the
+  model is traced.
+  """
+  if impl not in ATTENTION_IMPLS:
+    raise ValueError(
+      f'attention_impl={impl!r}; choose one of {ATTENTION_IMPLS}.'
+    )
+  bad = [k for k in mask_kinds if k in _KINDS_NOT_EXPRESSIBLE.get(impl, ())]
+  if bad:
+    can = [
+      i
+      for i in ATTENTION_IMPLS
+      if not set(bad) & set(_KINDS_NOT_EXPRESSIBLE.get(i, ()))
+    ]
+    raise ValueError(
+      f'attention_impl={impl!r} has no {bad[0]!r} mask; choose one of '
+      f'{tuple(can)}.'
+    )
+
+
 def attend(
   q_BxHxLxK: jax.Array,
   k_BxHxSxK: jax.Array,
@@ -93,12 +141,9 @@ def attend(
 
   Bidirectional, causal, or any `pallas_kernels.MaskSpec` (`mask`, with
   causal=False): impl='xla' materialises it densely, the other impls hand
-  it to the flash kernel, which skips the tiles it rules out.
+  it to `pallas_kernels.attention` with the same impl name.
   """
-  if impl not in ATTENTION_IMPLS:
-    raise ValueError(
-      f'attention impl {impl!r}; choose one of {ATTENTION_IMPLS}.'
-    )
+  check_attention_impl(impl)
   if causal and mask is not None:
     raise ValueError(
       'attend got causal=True and a mask; pass one of them (e.g. '

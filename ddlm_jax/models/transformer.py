@@ -30,6 +30,7 @@ from ddlm_jax.models.attention import (
   AttentionContext,
   LayerCache,
   SelfAttention,
+  check_attention_impl,
 )
 from ddlm_jax.models.layers import (
   MLP,
@@ -93,6 +94,9 @@ class TransformerConfig:
         f'attention_impl={self.attention_impl!r}; choose one of '
         f'{ATTENTION_IMPLS}.'
       )
+    check_attention_impl(
+      self.attention_impl, ('block_diffusion',) if self.block_size else ()
+    )
     if self.dtype not in DTYPES:
       raise ValueError(f'dtype={self.dtype!r}; choose one of {list(DTYPES)}.')
     if self.input_vocab_size < self.vocab_size:

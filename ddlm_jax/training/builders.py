@@ -24,6 +24,7 @@ from ddlm_jax.diffusion.mix_scale import MixScaleBlockDiffusion
 from ddlm_jax.diffusion.soft_masking import SoftMaskedDiffusion
 from ddlm_jax.diffusion.uniform import UniformDiffusion
 from ddlm_jax.models import Transformer, TransformerConfig, hybrid
+from ddlm_jax.models.attention import check_attention_impl
 from ddlm_jax.models.soft_masking import SoftMaskedModel, SoftMaskInput
 from ddlm_jax.training.config import ConfigError, check_range
 
@@ -96,6 +97,15 @@ def check_process_config(cfg, model, seq_len: int, soft_mask=None):
       'optimal uniform-state denoiser depends on t); set '
       '--config.model.time_conditioning=True.'
     )
+  # The attention backend must express the process's mask (cuDNN has no
+  # block-diffusion mask): refused here, before the tokenizer is built.
+  try:
+    check_attention_impl(
+      model.get('attention_impl', 'xla'),
+      ('block_diffusion',) if family == 'block' else (),
+    )
+  except ValueError as err:
+    raise ConfigError(f'config.model.attention_impl: {err}') from None
   if family == 'block':
     if model.get('backbone', 'transformer') != 'transformer':
       raise ConfigError(

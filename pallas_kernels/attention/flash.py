@@ -1,5 +1,9 @@
 """Flash attention in Pallas (TPU Mosaic layout; interpret mode on CPU).
 
+TPU only: the scalar-prefetched tile table has no Triton lowering; the GPU
+kernel is ``flash_gpu.py`` (``flash_gpu.flash_attention_compiled`` picks
+between the two at lowering time).
+
 Forward: grid (B, H, nq, nk) with the key-block axis innermost and
 sequential; running max / sum / output accumulate in f32 VMEM scratch
 (online softmax). A scalar-prefetched tile table (see ``mask.py``) decides
@@ -29,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels._common import round_up
+from pallas_kernels._common import compiler_params, round_up
 from pallas_kernels.attention.mask import (
   EMPTY,
   FULL,
@@ -64,7 +68,7 @@ class Config:
   interpret: bool
 
 
-def _mask(cfg: Config, i, j, qaux, kaux, kvalid):
+def tile_mask(cfg: Config, i, j, qaux, kaux, kvalid):
   """(bq, bk) boolean mask of a tile from positions and aux rows."""
   qpos = i * cfg.bq + lax.broadcasted_iota(jnp.int32, (cfg.bq, cfg.bk), 0)
   kpos = j * cfg.bk + lax.broadcasted_iota(jnp.int32, (cfg.bq, cfg.bk), 1)
@@ -99,21 +103,21 @@ def _load_aux(qaux_ref, kaux_ref, kvalid_ref):
   return qaux, kaux, kvalid
 
 
-def _nt(x, y):
+def dot_nt(x, y):
   """x @ y.T with f32 accumulation."""
   return lax.dot_general(
     x, y, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
   )
 
 
-def _tn(x, y):
+def dot_tn(x, y):
   """x.T @ y with f32 accumulation."""
   return lax.dot_general(
     x, y, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32
   )
 
 
-def _nn(x, y):
+def dot_nn(x, y):
   return lax.dot_general(
     x, y, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
   )
@@ -140,9 +144,9 @@ def _fwd_kernel(tbl_ref, fetch_ref, q_ref, k_ref, v_ref, *refs, cfg: Config):
 
   def compute(masked: bool):
     q, k, v = q_ref[0, 0], k_ref[0, 0], v_ref[0, 0]
-    s = _nt(q, k) * cfg.sm_scale
+    s = dot_nt(q, k) * cfg.sm_scale
     if masked:
-      mask = _mask(cfg, i, j, *_load_aux(qaux_ref, kaux_ref, kvalid_ref))
+      mask = tile_mask(cfg, i, j, *_load_aux(qaux_ref, kaux_ref, kvalid_ref))
       s = jnp.where(mask, s, NEG)
     m_prev = m_sc[...]
     m_new = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
@@ -151,7 +155,7 @@ def _fwd_kernel(tbl_ref, fetch_ref, q_ref, k_ref, v_ref, *refs, cfg: Config):
       p = jnp.where(mask, p, 0.0)
     alpha = jnp.exp(m_prev - m_new)
     l_sc[...] = alpha * l_sc[...] + jnp.sum(p, axis=1, keepdims=True)
-    acc_sc[...] = alpha * acc_sc[...] + _nn(p.astype(v.dtype), v)
+    acc_sc[...] = alpha * acc_sc[...] + dot_nn(p.astype(v.dtype), v)
     m_sc[...] = m_new
 
   @pl.when(tile == FULL)
@@ -221,10 +225,9 @@ def _aux_specs(cfg, qaux_spec, kaux_spec):
 
 
 def _params(cfg: Config):
-  if cfg.interpret:
-    return None
-  return pltpu.CompilerParams(
-    dimension_semantics=('parallel', 'parallel', 'parallel', 'arbitrary')
+  return compiler_params(
+    'interpret' if cfg.interpret else 'tpu',
+    dimension_semantics=('parallel', 'parallel', 'parallel', 'arbitrary'),
   )
 
 
@@ -260,10 +263,10 @@ def _forward(cfg: Config, q, k, v, tbl, fetch, aux):
 
 
 def _recompute(cfg, i, j, q, k, lse, aux_refs, masked):
-  s = _nt(q, k) * cfg.sm_scale
+  s = dot_nt(q, k) * cfg.sm_scale
   p = jnp.exp(s - lse)
   if masked:
-    mask = _mask(cfg, i, j, *_load_aux(*aux_refs))
+    mask = tile_mask(cfg, i, j, *_load_aux(*aux_refs))
     p = jnp.where(mask, p, 0.0)
   return p
 
@@ -283,10 +286,10 @@ def _dkv_kernel(tbl_ref, fetch_ref, q_ref, k_ref, v_ref, do_ref, lse_ref,
   def compute(masked):
     q, k, v, do = q_ref[0, 0], k_ref[0, 0], v_ref[0, 0], do_ref[0, 0]
     p = _recompute(cfg, i, j, q, k, lse_ref[0, 0], aux_refs, masked)
-    dv_sc[...] += _tn(p.astype(do.dtype), do)
-    dp = _nt(do, v)
+    dv_sc[...] += dot_tn(p.astype(do.dtype), do)
+    dp = dot_nt(do, v)
     ds = p * (dp - delta_ref[0, 0])
-    dk_sc[...] += _tn(ds.astype(q.dtype), q) * cfg.sm_scale
+    dk_sc[...] += dot_tn(ds.astype(q.dtype), q) * cfg.sm_scale
 
   @pl.when(tile == FULL)
   def _full():
@@ -316,8 +319,8 @@ def _dq_kernel(tbl_ref, fetch_ref, q_ref, k_ref, v_ref, do_ref, lse_ref,
   def compute(masked):
     q, k, v, do = q_ref[0, 0], k_ref[0, 0], v_ref[0, 0], do_ref[0, 0]
     p = _recompute(cfg, i, j, q, k, lse_ref[0, 0], aux_refs, masked)
-    ds = p * (_nt(do, v) - delta_ref[0, 0])
-    dq_sc[...] += _nn(ds.astype(k.dtype), k) * cfg.sm_scale
+    ds = p * (dot_nt(do, v) - delta_ref[0, 0])
+    dq_sc[...] += dot_nn(ds.astype(k.dtype), k) * cfg.sm_scale
 
   @pl.when(tile == FULL)
   def _full():

@@ -49,7 +49,7 @@ def linear_scan(
     (h_BxLxN, h_last_BxN), in the promoted input dtype. Half precision
     inputs are accumulated in float32 and the result cast back.
   """
-  impl = resolve_impl(impl)
+  impl = resolve_impl(impl, 'linear_scan')
   _validate.check_flags(reverse)
   shape = _validate.check_seq('a_BxLxN', a_BxLxN)
   _validate.check_seq('b_BxLxN', b_BxLxN, shape)

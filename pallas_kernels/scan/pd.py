@@ -59,7 +59,7 @@ def pd_scan(
     (h_BxLxN, h_last_BxN) in the promoted dtype of d, b and h0 (half
     precision accumulates in float32). Gradients flow to d, b and h0.
   """
-  impl = resolve_impl(impl)
+  impl = resolve_impl(impl, 'pd_scan')
   _validate.check_flags(reverse)
   shape = _validate.check_seq('p_idx_BxLxN', p_idx_BxLxN)
   _validate.check_index('p_idx_BxLxN', p_idx_BxLxN)
