@@ -36,10 +36,14 @@ PALLAS_PLATFORMS = {
 # ``attention_bench`` are run on a GPU and show the Triton kernels ahead.
 # Attention's public dispatch (attention.api) decides 'auto' with its own
 # AUTO_TABLE; the 'attention' row here only serves resolve_impl's callers.
+# On CPU the scans run sequentially ('reference', a lax.scan): measured
+# forward+backward (`python -m pallas_kernels.benchmarks.scan_grad_bench`) it is
+# 2.5-6x faster than the associative scan at every shape tried (B 4-64, L
+# 256-1024, N 16-256) and compiles 10-20x faster (docs/RESULTS.md section 3).
 AUTO_IMPL = {
   'attention': {'tpu': 'pallas', 'gpu': 'xla'},
-  'linear_scan': {'tpu': 'pallas', 'gpu': 'xla'},
-  'pd_scan': {'tpu': 'pallas', 'gpu': 'xla'},
+  'linear_scan': {'tpu': 'pallas', 'gpu': 'xla', 'cpu': 'reference'},
+  'pd_scan': {'tpu': 'pallas', 'gpu': 'xla', 'cpu': 'reference'},
 }
 
 Planes = tuple[jax.Array, ...]

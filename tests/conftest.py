@@ -10,6 +10,8 @@ the environment) reuse each other's compiled smoke programs.
 import os
 import pathlib
 
+import pytest
+
 _CACHE = pathlib.Path(__file__).resolve().parents[1] / '.jax_cache' / 'tests'
 
 # Tests run tiny programs: XLA's cheapest CPU optimisation level compiles
@@ -52,3 +54,21 @@ def pytest_collection_modifyitems(config, items):
   del config
   rank = {name: i for i, name in enumerate(_HEAVY_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture(scope='session')
+def smoke_mdlm_run(tmp_path_factory):
+  """(workdir, summary) of one quickstart smoke run: 6 steps, no samples.
+
+  Trained once per test worker and shared by every test that only reads a
+  trained masked run (tests that change files copy it first), so the suite
+  does not train the same smoke model once per file.
+  """
+  from ddlm_jax.training import loop
+  from experiments.configs import quickstart
+
+  config = quickstart.get_config('smoke')
+  config.sample.num_samples = 0
+  config.mesh.shape = (1, 1, 1)
+  workdir = str(tmp_path_factory.mktemp('smoke_mdlm'))
+  return workdir, loop.train_and_evaluate(config, workdir)

@@ -103,6 +103,7 @@ def _config(**overrides):
       "attention_impl='cudnn' has no 'block_diffusion' mask",
     ),
     ({'model.attention_impl': 'flash'}, "attention_impl='flash'"),
+    ({'process.bound': 'fulll'}, "bound_kind='fulll'"),
     (
       {
         'process.kind': 'bd3',

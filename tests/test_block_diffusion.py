@@ -321,7 +321,10 @@ def test_one_block_is_masked_diffusion_on_the_same_network():
   pad = np.ones((B, L), np.float32)
   pad[0, 6:] = 0.0
   block = _process(L)
-  masked = MaskedDiffusion(get_schedule('loglinear'), V, t_min=1e-3)
+  # BD3 keeps MDLM's convention (no prior term), as its paper reports.
+  masked = MaskedDiffusion(
+    get_schedule('loglinear'), V, t_min=1e-3, bound_kind='mdlm'
+  )
   plain = lambda z, t: model(z, t, block_size=0)
   losses = lambda k: (
     block.loss(model, k, x, pad),

@@ -80,8 +80,10 @@ def _uniform_apply(vocab):
 
 @pytest.mark.parametrize('name', ['loglinear', 'linear', 'cosine'])
 @pytest.mark.parametrize('num_steps', [0, 8])
-def test_uniform_denoiser_nelbo_is_one_minus_eps_log_v(name, num_steps):
-  """Closed form: (1 - eps) log V nats per token (MD4 incl. its recon term)."""
+def test_uniform_denoiser_nelbo_is_log_v(name, num_steps):
+  """Closed form: log V nats per token for the full bound (the prior's
+  alpha(1) log V included); MDLM's convention, without the prior, gives
+  (1 - eps) log V (tests/test_full_bound.py separates the two exactly)."""
   vocab, batch, length = 50, 512, 64
   proc = MaskedDiffusion(
     get_schedule(name), vocab_size=vocab, num_steps=num_steps
@@ -92,7 +94,7 @@ def test_uniform_denoiser_nelbo_is_one_minus_eps_log_v(name, num_steps):
     _, nelbo_B, _ = proc.loss(_uniform_apply(vocab), jax.random.key(i), x)
     estimates.append(np.asarray(nelbo_B) / length)
   est = np.concatenate(estimates)
-  expect = (1.0 - proc.schedule.eps) * math.log(vocab)
+  expect = math.log(vocab)
   stderr = est.std() / math.sqrt(est.size)
   assert abs(est.mean() - expect) < 4 * stderr + 1e-4, (est.mean(), expect)
 
@@ -149,7 +151,9 @@ def test_loss_only_counts_masked_positions():
     return jnp.where((z == proc.mask_id)[..., None], good, bad)
 
   _, nelbo_B, _ = proc.loss(oracle, jax.random.key(1), x)
-  np.testing.assert_allclose(nelbo_B, 0.0, atol=1e-3)
+  # Only the prior term is left: alpha(1) ln V per token (the full bound).
+  prior = proc.constant_nats()[1]
+  np.testing.assert_allclose(nelbo_B, 32 * prior, rtol=1e-5)
 
 
 def test_reverse_probs_normalised():

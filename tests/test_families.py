@@ -66,7 +66,6 @@ def test_duo_curriculum_trains_then_switches_evaluates_and_samples(tmp_path):
   [
     (duo_quickstart, 'smoke', 'udlm'),
     (duo_quickstart, 'interpolating,smoke', 'interpolating'),
-    (mdlm_ce, 'smoke', 'mdlm'),
   ],
 )
 def test_family_configs_train_and_sample(tmp_path, module, arg, kind):
@@ -78,17 +77,12 @@ def test_family_configs_train_and_sample(tmp_path, module, arg, kind):
 
 
 def test_bd3_fine_tunes_from_an_mdlm_run_and_samples_with_the_kv_cache(
-  tmp_path,
+  tmp_path, smoke_mdlm_run
 ):
   """BD3 starts from a masked run's parameters (the paper's recipe), its
   reported bound is the unclipped one, and --mode=sample draws block by
   block with the cache."""
-  from experiments.configs import quickstart
-
-  mdlm_dir = str(tmp_path / 'mdlm')
-  mdlm = override(quickstart.get_config('smoke'), {'mesh.shape': (1, 1, 1)})
-  mdlm.sample.num_samples = 0
-  loop.train_and_evaluate(mdlm, mdlm_dir)
+  mdlm_dir, _ = smoke_mdlm_run
   workdir = str(tmp_path / 'bd3')
   c = _config(
     bd3_quickstart,
@@ -105,6 +99,17 @@ def test_bd3_fine_tunes_from_an_mdlm_run_and_samples_with_the_kv_cache(
   assert stats['sampler_params']['use_kv_cache']
   # Blocks of 8 over 32 positions: 4 blocks, each at least one call.
   assert stats['nfe'] >= 4
+
+
+def test_simple_ce_config_builds_the_simple_ce_process():
+  """mdlm_ce is the quickstart recipe with loss_type='simple_ce' (its loss
+  is tested in test_diffusion; training it end to end adds nothing the
+  quickstart smoke run does not already check)."""
+  c = _config(mdlm_ce, 'smoke')
+  process = builders.check_process_config(
+    c.process, c.model, c.data.seq_len, c.get('soft_mask')
+  )
+  assert process.loss_type == 'simple_ce' and process.family == 'masked'
 
 
 def test_process_families_are_declared_for_every_kind():

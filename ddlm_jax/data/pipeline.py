@@ -9,10 +9,17 @@ and cuts it into non-overlapping windows of ``seq_len`` tokens. Each epoch
 2. shuffles the window indices with a per-epoch seed (grain's
    ``MapDataset.shuffle`` folds the epoch into the seed);
 3. keeps the first ``shard_count * batches_per_epoch * batch_size`` shuffled
-   windows and gives process ``shard_index`` every ``shard_count``-th of them,
-   so processes see disjoint windows and the same number of batches per epoch;
-4. batches them (``batch_size`` is the per-process batch; the remainder of an
-   epoch is dropped).
+   windows and cuts them into global batches of ``shard_count * batch_size``;
+4. gives process ``shard_index`` rows ``[shard_index * batch_size,
+   (shard_index + 1) * batch_size)`` of each global batch (``batch_size`` is
+   the per-process batch; the remainder of an epoch is dropped).
+
+So processes see disjoint windows and the same number of batches per epoch,
+and the global batch, in row order, does not depend on how many processes
+read it: process i's rows land on its devices, which hold rows [i * b, (i +
+1) * b) of the global array (``jax.make_array_from_process_local_data``), so
+one process and N processes train on the same global batches
+(``tests/test_multiprocess.py``).
 
 A stream is a ``PackedSplit``: the ids (any integer dtype, e.g. a
 memory-mapped uint16 cache) plus optional framing tokens (BOS first and/or
@@ -131,11 +138,23 @@ def epoch_batches(
       f'{what}, fewer than batch_size {batch_size} x {shard_count} '
       'process(es); lower the batch size or seq_len, or add data.'
     )
-  per_shard = batches_per_epoch * batch_size
+  global_batch = shard_count * batch_size
   ds = grain.MapDataset.range(num_items).shuffle(seed=_shuffle_seed(seed))
-  ds = ds[: per_shard * shard_count][shard_index::shard_count]
-  ds = ds.batch(batch_size, drop_remainder=True).repeat(None)
-  return ds, batches_per_epoch
+  ds = ds[: batches_per_epoch * global_batch]
+  ds = ds.batch(global_batch, drop_remainder=True)
+  if shard_count > 1:
+    ds = ds.map(_RowBlock(shard_index * batch_size, batch_size))
+  return ds.repeat(None), batches_per_epoch
+
+
+class _RowBlock:
+  """Rows [start, start + size) of a global batch of ids (picklable)."""
+
+  def __init__(self, start: int, size: int):
+    self._start, self._stop = start, start + size
+
+  def __call__(self, ids: np.ndarray) -> np.ndarray:
+    return ids[self._start : self._stop]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -92,15 +92,27 @@ def xla_attention(
   attend); rows must allow at least one key.
   """
   scale = q_BxHxLxK.shape[-1] ** -0.5
-  s_BxHxLxS = jnp.einsum('bhqd,bhkd->bhqk', q_BxHxLxK, k_BxHxSxK) * scale
-  s_BxHxLxS = s_BxHxLxS.astype(jnp.float32)
+  # Scores and the weighted sum accumulate in float32 also for bf16 inputs.
+  s_BxHxLxS = jnp.einsum(
+    'bhqd,bhkd->bhqk',
+    q_BxHxLxK,
+    k_BxHxSxK,
+    preferred_element_type=jnp.float32,
+  )
+  s_BxHxLxS = s_BxHxLxS * scale
   if causal:
     length = s_BxHxLxS.shape[-1]
     allowed = jnp.tril(jnp.ones((length, length), bool))
   if allowed is not None:
     s_BxHxLxS = jnp.where(allowed, s_BxHxLxS, -1e30)
   p_BxHxLxS = jax.nn.softmax(s_BxHxLxS, axis=-1).astype(v_BxHxSxK.dtype)
-  return jnp.einsum('bhqk,bhkd->bhqd', p_BxHxLxS, v_BxHxSxK)
+  out = jnp.einsum(
+    'bhqk,bhkd->bhqd',
+    p_BxHxLxS,
+    v_BxHxSxK,
+    preferred_element_type=jnp.float32,
+  )
+  return out.astype(v_BxHxSxK.dtype)
 
 
 def check_attention_impl(impl: str, mask_kinds=()) -> None:

@@ -66,6 +66,7 @@ class Dense(nnx.Module):
     init: Initializer | None = None,
     dtype=jnp.float32,
     param_dtype=jnp.float32,
+    out_dtype=None,
   ):
     self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
     if init is None:
@@ -89,6 +90,9 @@ class Dense(nnx.Module):
       else None
     )
     self.dtype = dtype
+    # The matmul's accumulation/output dtype (None: the compute dtype). The
+    # LM head sets float32 so bf16 logits are not rounded before softmax.
+    self.out_dtype = out_dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:
     # One 2-D matmul: XLA's CPU backend runs [M, K] x [K, N] (and its
@@ -97,10 +101,14 @@ class Dense(nnx.Module):
     lead = x.shape[: x.ndim - n_in]
     k = math.prod(self.in_shape)
     kernel_KxN = self.kernel[...].astype(self.dtype).reshape(k, -1)
-    y_MxN = x.astype(self.dtype).reshape(-1, k) @ kernel_KxN
+    y_MxN = jnp.matmul(
+      x.astype(self.dtype).reshape(-1, k),
+      kernel_KxN,
+      preferred_element_type=self.out_dtype,
+    )
     y = y_MxN.reshape(lead + self.out_shape)
     if self.bias is not None:
-      y = y + self.bias[...].astype(self.dtype)
+      y = y + self.bias[...].astype(y.dtype)
     return y
 
 

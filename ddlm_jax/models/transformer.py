@@ -289,7 +289,9 @@ class Transformer(nnx.Module):
   def logits(self, h_BxLxD: jax.Array) -> jax.Array:
     if self.head is None:
       table_VxD = self.embedding[: self.cfg.vocab_size].astype(h_BxLxD.dtype)
-      out = jnp.einsum('bld,vd->blv', h_BxLxD, table_VxD)
+      out = jnp.einsum(
+        'bld,vd->blv', h_BxLxD, table_VxD, preferred_element_type=jnp.float32
+      )
       out = out * self.cfg.width**-0.5
     else:
       out = self.head(h_BxLxD)

@@ -1,6 +1,11 @@
 """Meshes, logical-axis rules and distributed start-up."""
 
-from ddlm_jax.parallel.mesh import MESH_AXES, initialize_distributed, make_mesh
+from ddlm_jax.parallel.mesh import (
+  MESH_AXES,
+  distributed_args,
+  initialize_distributed,
+  make_mesh,
+)
 from ddlm_jax.parallel.rules import (
   DEFAULT_RULES,
   batch_sharding,
@@ -12,6 +17,7 @@ __all__ = [
   'DEFAULT_RULES',
   'MESH_AXES',
   'batch_sharding',
+  'distributed_args',
   'initialize_distributed',
   'logical_to_spec',
   'make_mesh',

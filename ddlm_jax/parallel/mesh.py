@@ -59,17 +59,86 @@ def make_mesh(shape: Sequence[int], devices=None) -> jax.sharding.Mesh:
   )
 
 
-def initialize_distributed(**kwargs) -> bool:
-  """Starts jax.distributed on multi-host jobs; a no-op on one host.
+# Environments in which jax.distributed.initialize() finds its own arguments.
+_CLUSTER_ENV = ('TPU_WORKER_HOSTNAMES', 'SLURM_JOB_ID', 'OMPI_COMM_WORLD_SIZE')
+# Explicit launch (one process per host or per GPU, any launcher):
+# JAX_COORDINATOR_ADDRESS=host:port JAX_NUM_PROCESSES=N JAX_PROCESS_ID=i
+# (and optionally JAX_LOCAL_DEVICE_IDS=0,1, which JAX reads itself).
+_EXPLICIT_ENV = (
+  'JAX_COORDINATOR_ADDRESS',
+  'JAX_NUM_PROCESSES',
+  'JAX_PROCESS_ID',
+)
 
-  Idempotent. Returns True when a multi-process runtime is active. Cloud TPU
-  and SLURM set the coordinator environment themselves; other launchers pass
-  coordinator_address, num_processes and process_id.
+
+def _env_int(env, name: str) -> int | None:
+  raw = env.get(name, '').strip()
+  if not raw:
+    return None
+  try:
+    return int(raw)
+  except ValueError:
+    raise ValueError(
+      f'{name}={raw!r} must be an integer (see docs/LAUNCH.md, 3.4).'
+    ) from None
+
+
+def distributed_args(environ=None) -> dict | None:
+  """The jax.distributed.initialize keyword arguments this job needs.
+
+  None on one host (no launcher environment), {} where JAX detects its own
+  arguments (Cloud TPU, SLURM, Open MPI), and coordinator_address,
+  num_processes and process_id from JAX_COORDINATOR_ADDRESS,
+  JAX_NUM_PROCESSES and JAX_PROCESS_ID otherwise. jax.distributed reads only
+  the first of those three itself, so a launch that sets just the address
+  would fail inside JAX with a message that names none of them; a partial
+  set is refused here, naming what is missing.
+  """
+  env = os.environ if environ is None else environ
+  explicit = {v: env.get(v, '').strip() for v in _EXPLICIT_ENV}
+  if not any(explicit.values()):
+    return {} if any(env.get(v) for v in _CLUSTER_ENV) else None
+  missing = [v for v, x in explicit.items() if not x]
+  if missing and not any(env.get(v) for v in _CLUSTER_ENV):
+    raise ValueError(
+      'A multi-process launch needs all of '
+      + ', '.join(_EXPLICIT_ENV)
+      + f'; {", ".join(missing)} unset. Set them on every process (the '
+      'same address and count, process ids 0..N-1), or unset all three for '
+      'one process.'
+    )
+  args = {}
+  if explicit['JAX_COORDINATOR_ADDRESS']:
+    args['coordinator_address'] = explicit['JAX_COORDINATOR_ADDRESS']
+  num = _env_int(env, 'JAX_NUM_PROCESSES')
+  pid = _env_int(env, 'JAX_PROCESS_ID')
+  if num is not None:
+    if num < 1:
+      raise ValueError(f'JAX_NUM_PROCESSES={num} must be >= 1.')
+    args['num_processes'] = num
+  if pid is not None:
+    if num is not None and not 0 <= pid < num:
+      raise ValueError(
+        f'JAX_PROCESS_ID={pid} must be in [0, JAX_NUM_PROCESSES={num}).'
+      )
+    args['process_id'] = pid
+  return args
+
+
+def initialize_distributed(**kwargs) -> bool:
+  """Starts jax.distributed on multi-process jobs; a no-op on one process.
+
+  Idempotent. Returns True when a multi-process runtime is active. Cloud
+  TPU, SLURM and Open MPI set the coordinator environment themselves; any
+  other launcher sets JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+  JAX_PROCESS_ID (distributed_args) or passes the same as keyword
+  arguments, which win over the environment. Must run before anything
+  touches a JAX backend.
   """
   if jax.distributed.is_initialized():
     return True
-  auto_env = ('TPU_WORKER_HOSTNAMES', 'SLURM_JOB_ID', 'JAX_COORDINATOR_ADDRESS')
-  if not kwargs and not any(os.environ.get(v) for v in auto_env):
+  args = distributed_args()
+  if not kwargs and args is None:
     return False
-  jax.distributed.initialize(**kwargs)
+  jax.distributed.initialize(**{**(args or {}), **kwargs})
   return jax.process_count() > 1

@@ -32,7 +32,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ddlm_jax.sampling.common import init_feedback, predict, row_gumbel
+from ddlm_jax.sampling.common import (
+  alpha_inverse,
+  init_feedback,
+  predict,
+  row_gumbel,
+)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -70,7 +75,8 @@ class Grid:
     return out
 
 
-def _alpha(process, t: np.ndarray) -> np.ndarray:
+def alphas(process, t: np.ndarray) -> np.ndarray:
+  """process.schedule.alpha(t) as float64 numpy (computed in float32)."""
   with jax.ensure_compile_time_eval():
     out = process.schedule.alpha(jnp.asarray(t, jnp.float32))
     return np.asarray(out, np.float64)
@@ -90,11 +96,53 @@ def make_grid(
   section 3); None means no remasking. The last step reveals everything.
   """
   t_grid = np.asarray(t_grid, np.float64)
-  steps = t_grid.shape[0] - 1
-  if steps < 1:
+  if t_grid.shape[0] < 2:
     raise ValueError('a grid needs at least one step.')
-  a_t = _alpha(process, t_grid[:-1])
-  a_s = _alpha(process, t_grid[1:])
+  a_T1 = alphas(process, t_grid)
+  return _grid_from_alphas(a_T1, t_grid[:-1], sigma_cap, model)
+
+
+def make_alpha_grid(
+  process,
+  alpha_grid: np.ndarray,
+  *,
+  sigma_cap: np.ndarray | None = None,
+  model: np.ndarray | None = None,
+) -> Grid:
+  """A grid from T + 1 keep-probabilities a_0 <= ... <= a_T (repeats allowed).
+
+  The sampler's own alpha path, not the model's schedule: step i reveals and
+  remasks with make_grid's formulas at (alpha_t, alpha_s) = (a_i, a_{i+1}),
+  and the network is called at the model time with alpha(t) = a_i (the
+  schedule's inverse, clamped to [0, 1]), so a time-conditioned network sees
+  inputs at the noise level it was trained for. a_0 is the start (0: all
+  masked; t = 1 then) and a_T = 1.
+  """
+  a_T1 = np.asarray(alpha_grid, np.float64)
+  if a_T1.ndim != 1 or a_T1.shape[0] < 2:
+    raise ValueError(
+      f'alpha_grid needs T + 1 >= 2 values, got shape {a_T1.shape}.'
+    )
+  if np.any(np.diff(a_T1) < 0) or a_T1[0] < 0 or a_T1[-1] > 1:
+    raise ValueError(
+      'alpha_grid must be non-decreasing within [0, 1] (a sampler reveals '
+      f'tokens as alpha rises); got {a_T1.tolist()}.'
+    )
+  t_net = network_times(process, a_T1[:-1])
+  return _grid_from_alphas(a_T1, t_net, sigma_cap, model)
+
+
+def network_times(process, alpha: np.ndarray) -> np.ndarray:
+  """Model times t with process.schedule.alpha(t) = alpha (float64 numpy)."""
+  with jax.ensure_compile_time_eval():
+    t = alpha_inverse(process.schedule, jnp.asarray(alpha, jnp.float32))
+    return np.asarray(t, np.float64)
+
+
+def _grid_from_alphas(a_T1, t_net, sigma_cap, model) -> Grid:
+  """Grid constants from T + 1 alphas and the T network times."""
+  steps = a_T1.shape[0] - 1
+  a_t, a_s = a_T1[:-1], a_T1[1:]
   if sigma_cap is None:
     sigma = np.zeros(steps)
   else:
@@ -107,7 +155,7 @@ def make_grid(
   if model is None:
     model = np.zeros(steps, np.int32)
   return Grid(
-    t=t_grid[:-1].astype(np.float32),
+    t=np.asarray(t_net, np.float32),
     p_unmask=p.astype(np.float32),
     sigma=sigma.astype(np.float32),
     model=np.asarray(model, np.int32),

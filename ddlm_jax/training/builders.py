@@ -178,9 +178,12 @@ def build_process(cfg, vocab_size: int, soft_mask=None):
     if len(sizes) > 1:
       return MixScaleBlockDiffusion(base=block, block_sizes=sizes)
     return block
+  # 'full' reports a true upper bound (prior term included); 'mdlm' is the
+  # convention of published MDLM/MD4 numbers (docs/RESULTS.md says which).
+  masked = dict(kwargs, bound_kind=cfg.get('bound', 'full'))
   if soft_mask_enabled(soft_mask):
-    return SoftMaskedDiffusion(**kwargs, sm_prob=soft_mask.sm_prob)
-  return MaskedDiffusion(**kwargs)
+    return SoftMaskedDiffusion(**masked, sm_prob=soft_mask.sm_prob)
+  return MaskedDiffusion(**masked)
 
 
 def check_model_sizes(model: Mapping) -> None:
@@ -305,7 +308,7 @@ def prepare_data(cfg, workdir: str | None) -> Data:
   saved = tokenizers.load_tokenizer(tok_dir) if has_saved else None
   if cfg.corpus in source_registry.CORPORA:
     source = source_registry.build_source(cfg, tokenizer=saved)
-    if tok_dir and saved is None:
+    if tok_dir and saved is None and jax.process_index() == 0:
       source.tokenizer.save(tok_dir)
     return Data(
       tokenizer=source.tokenizer,
@@ -325,7 +328,9 @@ def prepare_data(cfg, workdir: str | None) -> Data:
     tok = tokenizers.build_tokenizer(
       cfg.tokenizer, texts['train'], **tok_kwargs
     )
-    if tok_dir:
+    # Every process fits the same tokenizer from the same text; only process
+    # 0 writes it, so a shared workdir sees one writer.
+    if tok_dir and jax.process_index() == 0:
       tok.save(tok_dir)
   splits = {name: tok.encode(text) for name, text in texts.items() if text}
   return Data(tokenizer=tok, splits=splits)

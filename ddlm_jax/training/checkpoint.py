@@ -264,6 +264,26 @@ class _Plan:
   changes: list[str]
 
 
+def _use_coordination_barriers():
+  """Orbax's multi-process barriers through the coordination service.
+
+  By default orbax synchronises processes with a collective
+  (`sync_global_devices`). On CPU that is a gloo collective, whose peers
+  give up after 30 s, so processes that reach a checkpoint more than 30 s
+  apart (one compiled or loaded data more slowly) crash; the coordination
+  service's barrier waits orbax's own timeout (5 minutes) instead. orbax
+  reads the choice from an absl flag, which can be set only once absl has
+  parsed the command line (experiments.run); elsewhere the default stays.
+  """
+  if jax.process_count() == 1 or jax.default_backend() != 'cpu':
+    return
+  from absl import flags
+
+  name = 'experimental_orbax_use_distributed_barrier'
+  if name in flags.FLAGS and flags.FLAGS.is_parsed():
+    flags.FLAGS[name].value = True
+
+
 class Checkpointer:
   """Save/restore of (train state, iterator state) under workdir/checkpoints."""
 
@@ -286,6 +306,7 @@ class Checkpointer:
     self._open()
 
   def _open(self):
+    _use_coordination_barriers()
     options = ocp.CheckpointManagerOptions(
       max_to_keep=self._max_to_keep,
       enable_async_checkpointing=self._async,

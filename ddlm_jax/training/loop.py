@@ -44,8 +44,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
       built=(run.state, run.shardings, run.tx, run.lr_schedule),
       locked=True,
     )
-  if 'preempted_at_step' not in summary and os.path.exists(
-    os.path.join(workdir, 'metrics.jsonl')
+  if (
+    jax.process_index() == 0
+    and 'preempted_at_step' not in summary
+    and os.path.exists(os.path.join(workdir, 'metrics.jsonl'))
   ):
     plots.plot_curves(workdir)
   return summary

@@ -361,7 +361,12 @@ class Run:
     )
 
   def write_samples(self, texts, stats):
-    """samples.txt and the metrics JSON sample_stats.json in the workdir."""
+    """samples.txt and the metrics JSON sample_stats.json in the workdir.
+
+    Process 0 writes; every process holds the same gathered samples.
+    """
+    if jax.process_index() != 0:
+      return
     with open(os.path.join(self.workdir, 'samples.txt'), 'w') as f:
       for i, text in enumerate(texts):
         f.write(f'=== sample {i} ===\n{text}\n\n')

@@ -73,6 +73,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.process.t_min = 1e-3
   c.process.antithetic = True
   c.process.loss_type = 'elbo'  # 'elbo' | 'simple_ce'
+  c.process.bound = 'full'  # Masked: 'full' (true bound) | 'mdlm' (no prior).
   # Uniform-state / interpolating: what the network outputs ('denoiser' |
   # 'loo'); the bound and the samplers convert exactly as they need.
   c.process.parameterization = 'denoiser'
