@@ -15,6 +15,12 @@ registered with ``full_block=True``: then the factory builds the whole block.
 Both kinds of block are ``layers.Block`` (pre-norm mixer and MLP residuals).
 Extra mixer options travel in ``ClassifierConfig.mixer_kwargs``.
 
+'pdssm_paper' is the PD-SSM block of the authors' released state-tracking
+code (facts only; ``ssm.PostNormBlock``): LayerNorm(PD-SSM(x)) with no
+residual and no MLP, their parameter scales (``init='authors'``), gate MLPs
+of hidden width 2N and h_0 = e_0; ``mixer_kwargs`` override any of these
+SSMMixer options. It is a full block.
+
 'transformer' is the suite's own ``transformer.Block`` (RMSNorm, causal
 rotary attention, GELU MLP of ``mlp_ratio * D``, no time conditioning) as a
 full block; option ``num_heads`` (default 4) in ``mixer_kwargs``. Causal
@@ -85,6 +91,33 @@ def _ssm_factory(kind: str) -> MixerFactory:
   return factory
 
 
+PAPER_PDSSM_DEFAULTS = {'init': 'authors', 'initial_state': 'onehot'}
+
+
+def _pdssm_paper_factory(cfg: ClassifierConfig, rngs: nnx.Rngs) -> nnx.Module:
+  """The authors' block: post-norm PD-SSM, no MLP (see module docstring)."""
+  if cfg.bidirectional:
+    raise ValueError(
+      "'pdssm_paper' is the authors' causal block; use mixer='pdssm' for a "
+      'bidirectional PD-SSM.'
+    )
+  kwargs = {
+    **PAPER_PDSSM_DEFAULTS,
+    'gate_hidden': 2 * cfg.state_size,
+    **dict(cfg.mixer_kwargs),
+  }
+  mixer = ssm.SSMMixer(
+    cfg.d_model,
+    cfg.state_size,
+    mode='pdssm',
+    num_dict=cfg.num_dict,
+    scan_impl=cfg.scan_impl,
+    rngs=rngs,
+    **kwargs,
+  )
+  return ssm.PostNormBlock(cfg.d_model, mixer, rngs=rngs)
+
+
 def _lstm_factory(cfg: ClassifierConfig, rngs: nnx.Rngs) -> nnx.Module:
   return ssm.make_mixer(
     'lstm',
@@ -127,13 +160,14 @@ class TransformerBlockMixer(nnx.Module):
 
 MIXERS: dict[str, MixerFactory] = {
   'pdssm': _ssm_factory('pdssm'),
+  'pdssm_paper': _pdssm_paper_factory,
   'complex_diag': _ssm_factory('complex_diag'),
   'selective_diag': _ssm_factory('selective_diag'),
   'lstm': _lstm_factory,
   'transformer': TransformerBlockMixer,
 }
 # Mixers whose factory builds the whole residual block (no SSMBlock wrapper).
-FULL_BLOCK_MIXERS: set[str] = {'transformer'}
+FULL_BLOCK_MIXERS: set[str] = {'transformer', 'pdssm_paper'}
 
 
 def register_mixer(
@@ -207,6 +241,16 @@ class SequenceClassifier(nnx.Module):
     for block in self.blocks:
       x = block(x, mask_BxL)
     return self.norm(x)
+
+  def logits_all(
+    self, tokens_BxL: jax.Array, lengths_B: jax.Array
+  ) -> jax.Array:
+    """Logits_BxLxC at every position (per-prefix labels; causal mixers).
+
+    Position t sees tokens[:t + 1] only, so its logits predict the label of
+    that prefix; padding positions are garbage and must be masked.
+    """
+    return self.head(self.features(tokens_BxL, lengths_B))
 
   def __call__(self, tokens_BxL: jax.Array, lengths_B: jax.Array) -> jax.Array:
     """Logits_BxC read at the last real token of each sequence."""

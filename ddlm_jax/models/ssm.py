@@ -25,6 +25,11 @@ not Mamba's per-channel SISO heads).
 
 ``SSMBlock`` is ``layers.Block`` (x + mixer(norm(x), mask), then
 x + MLP(norm(x))) with the biased GELU MLP of these stacks (``fc_mlp``).
+``PostNormBlock`` is the block of the authors' released state-tracking code
+(facts only): y = LayerNorm(mixer(x)), no residual around the mixer (its
+D_skip * u term is the only skip path) and no MLP; with ``init='authors'``
+and ``gate_hidden = 2N`` it is their block (``sequence_classifier`` registers
+it as the 'pdssm_paper' mixer).
 ``BidirectionalMixer`` runs a forward and a reverse mixer and combines them
 (sum, or concat + projection) for bidirectional diffusion denoisers.
 ``LSTMMixer`` wraps ``nnx.RNN(nnx.OptimizedLSTMCell)``. The straight-through
@@ -62,6 +67,11 @@ SCAN_IMPLS = ('auto', 'reference', 'xla', 'pallas', 'interpret')
 # state-tracking code starts from e_0, so a pure permutation of the state
 # already carries an automaton state before any input is written in).
 INITIAL_STATES = ('zeros', 'onehot')
+# Parameter inits: 'default' (this suite's, unchanged), or 'authors' (the
+# scales of the PD-SSM authors' released state-tracking block, facts only):
+# selector without bias, B_re/B_im ~ N(0, 1 / (2N)), D_skip ~ N(0, 1 / D),
+# readout C with the std of a torch Linear(2N, D) (1 / sqrt(6N)) and a bias.
+INITS = ('default', 'authors')
 COMBINES = ('sum', 'concat')
 
 
@@ -198,9 +208,17 @@ class SSMMixer(nnx.Module):
     st_temperature: float = 1.0,
     max_magnitude: float = 1.0 - 1e-6,
     initial_state: str = 'zeros',
+    init: str = 'default',
+    magnitude_init: float | None = None,
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
+    if init not in INITS:
+      raise ValueError(f'init must be one of {INITS}, got {init!r}.')
+    if magnitude_init is not None and not 0.0 < magnitude_init < 1.0:
+      raise ValueError(
+        f'magnitude_init must be in (0, 1) (or None), got {magnitude_init}.'
+      )
     if mode not in MODES:
       raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
     if scan_impl not in SCAN_IMPLS:
@@ -230,21 +248,38 @@ class SSMMixer(nnx.Module):
     self.st_temperature = float(st_temperature)
     self.max_magnitude = float(max_magnitude)
     self.initial_state = initial_state
+    self.init = init
     pd = dict(param_dtype=param_dtype)
+    authors = init == 'authors'
     # normal(fan**-0.5) parameters, drawn in the order written here.
     normal = lambda fan, shape, axes: param(
       rngs, nnx.initializers.normal(1 / math.sqrt(fan)), shape, axes,
       param_dtype,
     )  # fmt: skip
+    fan_b = 2 * N if authors else D  # B std: 1/sqrt(2N) (authors) or 1/sqrt(D)
+    fan_c = 6 * N if authors else N  # C std: torch Linear(2N, .) or 1/sqrt(N)
     if mode == 'pdssm':
-      self.select = lecun_dense(D, num_dict, ('embed', 'dict'), rngs=rngs, **pd)
+      if authors:
+        self.select = layers.Dense(
+          (D,), (num_dict,), ('embed',), ('dict',), rngs=rngs,
+          init=nnx.initializers.lecun_normal(), param_dtype=param_dtype,
+        )  # fmt: skip
+      else:
+        self.select = lecun_dense(
+          D, num_dict, ('embed', 'dict'), rngs=rngs, **pd
+        )
       self.dictionary = normal(N, (num_dict, N, N), ('dict', 'state', None))
     if mode in ('pdssm', 'complex_diag'):
       self.mag_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)
       self.phase_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)
-      self.B_re = normal(D, (D, N), ('embed', 'state'))
-      self.B_im = normal(D, (D, N), ('embed', 'state'))
-      self.C_im = normal(N, (N, D), ('state', 'embed'))
+      if magnitude_init is not None:
+        # |D_t| starts near magnitude_init (sigmoid of the output bias), so
+        # the state survives a training-length sequence at initialisation.
+        logit = math.log(magnitude_init / (1.0 - magnitude_init))
+        self.mag_mlp.fc2.bias[...] = jnp.full((N,), logit, param_dtype)
+      self.B_re = normal(fan_b, (D, N), ('embed', 'state'))
+      self.B_im = normal(fan_b, (D, N), ('embed', 'state'))
+      self.C_im = normal(fan_c, (N, D), ('state', 'embed'))
     else:
       self.dt_proj = lecun_dense(D, N, ('embed', 'state'), rngs=rngs, **pd)
       # Mamba-style init: dt log-uniform in [1e-3, 1e-1], rates 1..N.
@@ -260,9 +295,16 @@ class SSMMixer(nnx.Module):
         jnp.log(jnp.arange(1, N + 1, dtype=param_dtype)),
         **axes_meta('state'),
       )
-      self.B_re = normal(D, (D, N), ('embed', 'state'))
-    self.C_re = normal(N, (N, D), ('state', 'embed'))
-    self.d_skip = nnx.Param(jnp.ones((D,), param_dtype), **axes_meta('embed'))
+      self.B_re = normal(fan_b, (D, N), ('embed', 'state'))
+    self.C_re = normal(fan_c, (N, D), ('state', 'embed'))
+    if authors:
+      self.d_skip = normal(D, (D,), ('embed',))
+      self.readout_bias = nnx.Param(
+        jnp.zeros((D,), param_dtype), **axes_meta('embed')
+      )
+    else:
+      self.d_skip = nnx.Param(jnp.ones((D,), param_dtype), **axes_meta('embed'))
+      self.readout_bias = None
 
   # -- transitions -----------------------------------------------------------
 
@@ -334,13 +376,15 @@ class SSMMixer(nnx.Module):
     return pd_scan_st(soft, d, b, h0_BxN, self.reverse, self.scan_impl)
 
   def readout(self, h_BxLxN: jax.Array, u_BxLxD: jax.Array) -> jax.Array:
-    """y_t = Re(C h_t) + D_skip * u_t."""
+    """y_t = Re(C h_t) (+ bias, init='authors') + D_skip * u_t."""
     if self.mode == 'selective_diag':
       y = h_BxLxN @ self.C_re[...]
     else:
       y = jnp.real(h_BxLxN) @ self.C_re[...] - (
         jnp.imag(h_BxLxN) @ self.C_im[...]
       )
+    if self.readout_bias is not None:
+      y = y + self.readout_bias[...]
     return y + self.d_skip[...] * u_BxLxD
 
   def __call__(
@@ -461,6 +505,29 @@ class SSMBlock(layers.Block):
     self, x_BxLxD: jax.Array, mask_BxL: jax.Array | None = None
   ) -> jax.Array:
     return super().__call__(x_BxLxD, mask_BxL=mask_BxL)
+
+
+class PostNormBlock(nnx.Module):
+  """y = LayerNorm(mixer(x, mask)): post-norm, no residual, no MLP.
+
+  The PD-SSM authors' state-tracking block; the mixer's own D_skip * u_t
+  is its only skip path. Called as block(x_BxLxD, mask_BxL).
+  """
+
+  def __init__(self, d_model: int, mixer: nnx.Module, *, rngs: nnx.Rngs):
+    self.mixer = mixer
+    self.norm = nnx.LayerNorm(
+      d_model,
+      epsilon=1e-5,
+      scale_metadata=axes_meta('embed'),
+      bias_metadata=axes_meta('embed'),
+      rngs=rngs,
+    )
+
+  def __call__(
+    self, x_BxLxD: jax.Array, mask_BxL: jax.Array | None = None
+  ) -> jax.Array:
+    return self.norm(self.mixer(x_BxLxD, mask_BxL))
 
 
 def make_mixer(
