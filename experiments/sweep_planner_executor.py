@@ -2,6 +2,8 @@
 
   python -m experiments.sweep_planner_executor --preset=cpu --seeds=0 \
     --out=runs/pe
+  python -m experiments.sweep_planner_executor --task=sudoku4 --preset=cpu \
+    --seeds=0,1,2 --out=runs/pe_sudoku4
 
 Every variant is one run of experiments/configs/planner_executor.py with a
 workdir under OUT/seed<s>/<variant>; the models are shared through
@@ -28,12 +30,18 @@ VARIANTS = {
   'cot': ('cot', {}),
   'text': ('text', {}),
   'text_4steps': ('text', {'plan.steps': 4}),
+  # Adaptive decoding orders for global constraints: EB unmasks as many
+  # tokens per step as an entropy budget allows; first-hitting one token
+  # per step at the first-hitting times.
+  'text_eb': ('text', {'plan.sampler': 'eb:greedy=True'}),
+  'text_first_hitting': ('text', {'plan.sampler': 'first_hitting:greedy=True'}),
   'latent': ('latent', {}),
   'latent_masked': ('latent', {'latent.source': 'masked'}),
   'latent_unfrozen': ('latent', {'latent.unfreeze_executor': True}),
 }
 
 _PRESET = flags.DEFINE_string('preset', 'cpu', "'' | 'cpu' | 'smoke'.")
+_TASK = flags.DEFINE_string('task', 'arithmetic', 'Planning task.')
 _SEEDS = flags.DEFINE_list('seeds', ['0'], 'Seeds.')
 _VARIANTS = flags.DEFINE_list('variants', list(VARIANTS), 'Variants to run.')
 _OUT = flags.DEFINE_string('out', 'runs/planner_executor', 'Output folder.')
@@ -43,10 +51,11 @@ def _fmt(values, scale=1.0, digits=1):
   return sweeps.mean_std(values, scale, digits)
 
 
-def table(results: dict) -> str:
+def table(results: dict, train_levels=(1, 2, 3, 4)) -> str:
   """Markdown table: accuracy per level (%), NFE, tokens, FLOPs."""
   levels = None
   rows = []
+  train = '/'.join(str(v) for v in train_levels)
   for name, runs in results.items():
     if not runs:
       continue
@@ -76,14 +85,14 @@ def table(results: dict) -> str:
   head = [
     'pipeline',
     *(f'L{v} %' for v in levels or []),
-    'L1-4 %',
+    f'L{train} %',
     'plan NFE',
     'plan tokens',
     'latent tokens',
     'exec tokens',
     'MFLOP/problem (as run)',
     'MFLOP (KV-cached ARM)',
-    'plan exact % L1/.../L5',
+    'plan exact % ' + '/'.join(f'L{v}' for v in levels or []),
   ]
   return sweeps.markdown_table(head, rows)
 
@@ -91,7 +100,10 @@ def table(results: dict) -> str:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
-  out, preset = _OUT.value, _PRESET.value
+  out, preset, task = _OUT.value, _PRESET.value, _TASK.value
+  train_levels = pe_config.get_config(
+    config_arg('direct', task, preset)
+  ).reasoning.train_levels
   for name in _VARIANTS.value:
     if name not in VARIANTS:
       raise ValueError(
@@ -112,7 +124,7 @@ def main(argv):
   )
 
   def make_config(name):
-    return pe_config.get_config(config_arg(VARIANTS[name][0], preset))
+    return pe_config.get_config(config_arg(VARIANTS[name][0], task, preset))
 
   def train(config, workdir):
     name = os.path.basename(workdir)
@@ -126,8 +138,8 @@ def main(argv):
     with open(os.path.join(out, 'results.json'), 'w') as f:
       json.dump(results, f, indent=2)
     with open(os.path.join(out, 'results.md'), 'w') as f:
-      f.write(table(results) + '\n')
-  print(table(results))
+      f.write(table(results, train_levels) + '\n')
+  print(table(results, train_levels))
   print(f'total {time.time() - t0:.0f}s')
 
 

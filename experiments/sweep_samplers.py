@@ -3,21 +3,29 @@
   python -m experiments.sweep_samplers --workdir=runs/quickstart \
     --scorer=runs/ar_quickstart [--light=runs/light] \
     [--samplers='ancestral;confidence;eb;remdm'] [--steps=16,32,64,128] \
-    [--gammas=0,0.5,1,2] [--num_samples=16] [--out=DIR]
+    [--gammas=0,0.5,1,2] [--num_samples=16] [--batch=B] [--seeds=0,1,2] \
+    [--mauve] [--out=DIR]
 
-Each entry of --samplers is a name or spec ('remdm:eta=0.02,strategy=loop');
-samplers that take num_steps run at every --steps value, 'eb' at every
---gammas value, others once; --grid='[{"name": ..., "params": {...}}]'
-(inline JSON or a file) lists runs explicitly instead. Every run draws
---num_samples sequences with the same seed and is scored by the AR run
-(gen-ppl corpus-level and per-sample mean, unigram entropy, repeated 4-grams,
-MAUVE with --mauve), with NFE, FLOPs and wall time. NFE counts batched calls,
-so an adaptive sampler's NFE is its slowest row's; --batch=1 draws the
-samples one by one (NFE = mean per sample). The validation text is
-scored the same way as a reference row. Writes OUT/results.json,
-OUT/table.md and OUT/pareto.png (gen-ppl vs NFE, gen-ppl vs seconds per
-sample, entropy vs NFE; Pareto fronts in black). OUT defaults to
-WORKDIR/sweep.
+Works on any run directory (character or BPE quickstart, paper configs): the
+run's own tokenizer decodes the samples and the scorer's re-encodes them
+unless both runs share one. Each entry of --samplers is a name or spec
+('remdm:eta=0.02,strategy=loop'); samplers that take num_steps run at every
+--steps value, 'eb' at every --gammas value, others once;
+--grid='[{"name": ..., "params": {...}}]' (inline JSON or a file) lists runs
+explicitly instead. Every run draws --num_samples sequences and is scored by
+the AR run (gen-ppl corpus-level and per-sample mean, unigram entropy,
+repeated 4-grams, MAUVE with --mauve against as many evenly spaced
+validation windows), with NFE, FLOPs and wall time. --batch=B draws them in
+ceil(N / B) calls of B (the last call's surplus is dropped), so N = 1000 for
+MAUVE fits in memory; NFE counts batched calls, so an adaptive sampler's
+NFE is its slowest row's and --batch=1 gives the mean NFE per sample.
+--seeds repeats every run with disjoint sampling keys (seed s draws keys
+s * calls ... (s + 1) * calls - 1); each row then holds the mean over seeds,
+its standard error (KEY_se) and the per-seed values (per_seed). The
+validation text is scored the same way as a reference row. Writes
+OUT/results.json, OUT/table.md and OUT/pareto.png (gen-ppl vs NFE, gen-ppl
+vs seconds per sample, entropy vs NFE; Pareto fronts in black). OUT
+defaults to WORKDIR/sweep.
 """
 
 from __future__ import annotations
@@ -28,7 +36,11 @@ import os
 
 import numpy as np
 
-from ddlm_jax.evaluation.sample_metrics import ARScorer, sample_quality
+from ddlm_jax.evaluation.sample_metrics import (
+  ARScorer,
+  mauve_score,
+  sample_quality,
+)
 from ddlm_jax.evaluation.sample_run import draw_samples, reference_texts
 from ddlm_jax.sampling import sweep as sampler_sweep
 from ddlm_jax.sampling.registry import get_sampler
@@ -113,6 +125,8 @@ COLUMNS = [
   ('seconds_per_sample', 's/sample', '{:.3f}'),
   ('tokens_per_sec', 'tokens/s', '{:.0f}'),
 ]
+# Metrics averaged over --seeds (mean, standard error, per-seed values).
+SEEDED = tuple(k for k, _, _ in COLUMNS[1:]) + ('nfe_per_sample',)
 
 
 def table(rows, reference) -> str:
@@ -122,12 +136,48 @@ def table(rows, reference) -> str:
   for r in ([reference] if reference else []) + rows:
     cells = []
     for key, _, fmt in cols:
-      v = r.get(key)
+      v, se = r.get(key), r.get(f'{key}_se')
       if key == 'flops_per_sample' and v is not None:
-        v = v / 1e9
-      cells.append('' if v is None else fmt.format(v))
+        v, se = v / 1e9, None if se is None else se / 1e9
+      cell = '' if v is None else fmt.format(v)
+      if v is not None and se is not None:
+        cell += ' +- ' + fmt.format(se)
+      cells.append(cell)
     lines.append('| ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'
+
+
+def combine_seeds(per_seed: list[dict]) -> dict:
+  """One row from the rows of each sampling seed: mean, s.e., per-seed.
+
+  The standard error is std(ddof=1) / sqrt(n) over the seeds (None for one
+  seed); non-metric fields come from the first seed's row.
+  """
+  row = dict(per_seed[0])
+  n = len(per_seed)
+  if n == 1:
+    return row
+  for key in SEEDED:
+    vals = [r[key] for r in per_seed if r.get(key) is not None]
+    if len(vals) != n:
+      continue
+    v = np.asarray(vals, float)
+    row[key] = float(v.mean())
+    row[f'{key}_se'] = float(v.std(ddof=1) / np.sqrt(n))
+  row['per_seed'] = [
+    {'seed': r['sample_seed'], **{k: r.get(k) for k in SEEDED if k in r}}
+    for r in per_seed
+  ]
+  return row
+
+
+def parse_seeds(text: str) -> list[int]:
+  seeds = [int(s) for s in text.split(',') if s.strip()]
+  if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+    raise ValueError(
+      f'--seeds={text!r}: give distinct non-negative integers, e.g. 0,1,2.'
+    )
+  return seeds
 
 
 def main():
@@ -140,7 +190,8 @@ def main():
   p.add_argument('--gammas', default='0,0.5,1,2,4')
   p.add_argument('--grid', default='', help='JSON list (or file) of runs')
   p.add_argument('--num_samples', type=int, default=16)
-  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--seed', type=int, default=0, help='= --seeds=SEED')
+  p.add_argument('--seeds', default='', help='sampling seeds, e.g. 0,1,2')
   p.add_argument(
     '--batch',
     type=int,
@@ -150,6 +201,17 @@ def main():
   p.add_argument('--mauve', action='store_true')
   p.add_argument('--out', default='')
   args = p.parse_args()
+  seeds = parse_seeds(args.seeds or str(args.seed))
+  if args.num_samples < 1 or args.batch < 0:
+    raise ValueError(
+      f'--num_samples={args.num_samples} must be >= 1 and --batch='
+      f'{args.batch} >= 0 (0: all samples in one call).'
+    )
+  if args.mauve and args.num_samples < 20:
+    raise ValueError(
+      f'--mauve with --num_samples={args.num_samples}: MAUVE clusters the '
+      'features into num_samples / 10 buckets; use >= 20 (papers: 1000+).'
+    )
 
   run = load_run(args.workdir)
   args.length = run.config.data.seq_len
@@ -166,36 +228,44 @@ def main():
                              same_tokenizer=same)  # fmt: skip
   reference['label'] = 'validation text (reference)'
   ref_feats = scorer.features(scorer.encode(refs)) if args.mauve else None
+  batch = min(args.batch or args.num_samples, args.num_samples)
+  calls = -(-args.num_samples // batch)
 
   rows = []
   for entry in build_grid(args):
     sampler = get_sampler(entry['name'], **entry['params'])
-    batch = args.batch or args.num_samples
-    tokens, stats = draw_samples(
-      run, sampler, num_samples=batch, seed=args.seed, light_run=light,
-      calls=max(1, args.num_samples // batch),
-    )  # fmt: skip
-    texts = [run.data.tokenizer.decode(r) for r in tokens]
-    quality = sample_quality(texts, tokens, scorer=scorer,
-                             same_tokenizer=same)  # fmt: skip
-    if ref_feats is not None:
-      from ddlm_jax.evaluation.sample_metrics import mauve_score
-
-      rows_s = list(tokens) if same else scorer.encode(texts)
-      quality['mauve'] = mauve_score(ref_feats, scorer.features(rows_s))
-    row = {**entry, **stats, **quality, 'example': texts[0][:200]}
+    per_seed = []
+    for seed in seeds:
+      tokens, stats = draw_samples(
+        run, sampler, num_samples=batch, seed=seed * calls, light_run=light,
+        calls=calls,
+      )  # fmt: skip
+      tokens = tokens[: args.num_samples]
+      stats['num_samples'] = len(tokens)
+      texts = [run.data.tokenizer.decode(r) for r in tokens]
+      quality = sample_quality(texts, tokens, scorer=scorer,
+                               same_tokenizer=same)  # fmt: skip
+      if ref_feats is not None:
+        rows_s = list(tokens) if same else scorer.encode(texts)
+        quality['mauve'] = mauve_score(ref_feats, scorer.features(rows_s))
+      per_seed.append({**entry, **stats, **quality, 'sample_seed': seed,
+                       'example': texts[0][:200]})  # fmt: skip
+    row = combine_seeds(per_seed)
     rows.append(row)
+    mauve = f', MAUVE {row["mauve"]:.3f}' if 'mauve' in row else ''
     print(
       f'{entry["label"]}: NFE {row["nfe"]:g} gen-ppl '
       f'{row["gen_ppl_corpus"]:.3f}'
       f' (sample-mean {row["gen_ppl_sample_mean"]:.3f}) entropy '
-      f'{row["unigram_entropy_bits"]:.3f} bits, '
-      f'{row["seconds_per_sample"]:.3f} s/sample',
+      f'{row["unigram_entropy_bits"]:.3f} bits{mauve}, '
+      f'{row["seconds_per_sample"]:.3f} s/sample ({len(seeds)} seed(s))',
       flush=True,
     )
-  slim = lambda r: {k: v for k, v in r.items() if not isinstance(v, list)}
+  slim = lambda r: {
+    k: v for k, v in r.items() if not isinstance(v, list) or k == 'per_seed'
+  }
   with open(os.path.join(out, 'results.json'), 'w') as f:
-    json.dump({'reference': slim(reference),
+    json.dump({'reference': slim(reference), 'seeds': seeds,
                'rows': [slim(r) for r in rows]}, f, indent=2)  # fmt: skip
   with open(os.path.join(out, 'table.md'), 'w') as f:
     f.write(table(rows, reference))

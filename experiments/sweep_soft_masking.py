@@ -10,13 +10,26 @@ then samples each run with the cached ancestral sampler at every --steps
 value and scores the samples (gen-ppl under the AR scorer, unigram entropy,
 MAUVE against validation text) through experiments.sweep_samplers, into
 OUT/ARM_sSEED/sweep. The starting checkpoint is swept too (OUT/start_sweep).
-Writes OUT/results.json, OUT/results.md (validation bits/char and quality
-per T, mean +- std over seeds) and OUT/quality_vs_steps.png.
+Writes OUT/results.json, OUT/results.md (validation bits/token and
+bits/char, quality per T, mean +- std over seeds) and
+OUT/quality_vs_steps.png.
+
+--base=CONFIG.py runs the arms in another regime: every data, model,
+process and eval key in which that config (e.g.
+experiments/configs/quickstart_bpe.py, the BPE quickstart) differs from
+experiments/configs/quickstart.py is set on each arm, so the arms keep
+their optimiser, steps and soft-masking settings and match the --init_from
+run's tokenizer, sequence length and network:
+
+  python -m experiments.sweep_soft_masking --init_from=runs/quickstart_bpe \
+    --scorer=runs/quickstart_bpe_ar \
+    --base=experiments/configs/quickstart_bpe.py --out=runs/sm_bpe
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -27,8 +40,8 @@ import numpy as np
 from ddlm_jax.evaluation import soft_masking
 from ddlm_jax.training.run import load_run
 from experiments import sweeps
-from experiments.configs import sm_continue
-from experiments.configs.common import config_arg
+from experiments.configs import quickstart, sm_continue
+from experiments.configs.common import config_arg, override
 
 METRICS = (
   ('gen_ppl_corpus', 'gen-ppl'),
@@ -47,6 +60,95 @@ def _train(config, workdir) -> dict:
   return train_and_evaluate(config, workdir)
 
 
+# Keys --base may carry over; optimiser, steps, soft_mask and the sampling
+# block (the sweep samples through sweep_samplers) stay the arm's.
+BASE_BLOCKS = ('data', 'model', 'process', 'eval')
+# What the --init_from network must share with the arms to warm-start them.
+MATCH_KEYS = (
+  'data.tokenizer',
+  'data.bpe_vocab_size',
+  'data.seq_len',
+  'data.corpus',
+  'model.width',
+  'model.depth',
+  'model.num_heads',
+  'process.kind',
+)
+
+
+def _flat(d: dict, prefix: str = '') -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+def load_config_module(path: str):
+  """The module of a config file path (as --config=PATH names it)."""
+  if not os.path.isfile(path):
+    raise ValueError(
+      f'--base={path!r} is not a file; pass a config path such as '
+      'experiments/configs/quickstart_bpe.py.'
+    )
+  spec = importlib.util.spec_from_file_location('_sm_base_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def base_overrides(base_path: str, preset: str) -> dict:
+  """{dotted key: value} where the base config differs from quickstart.py."""
+  if not base_path:
+    return {}
+  base = _flat(load_config_module(base_path).get_config(preset).to_dict())
+  ref = _flat(quickstart.get_config(preset).to_dict())
+  return {
+    k: v
+    for k, v in base.items()
+    if k.split('.')[0] in BASE_BLOCKS and ref.get(k) != v
+  }
+
+
+def arm_config(arm: str, args):
+  """sm_continue's arm, moved to the --base regime."""
+  c = sm_continue.get_config(config_arg(arm, args.preset))
+  return override(c, base_overrides(args.base, args.preset))
+
+
+def check_init_from(config, init_from: str):
+  """ValueError before training if the start run cannot warm-start arms."""
+  path = os.path.join(init_from, 'config.json')
+  if not os.path.exists(path):
+    raise ValueError(
+      f'--init_from={init_from!r} has no config.json; train that run first.'
+    )
+  with open(path) as f:
+    start = _flat(json.load(f))
+  arm = _flat(config.to_dict())
+  bad = [
+    f'{k}: start {start.get(k)!r} vs arm {arm.get(k)!r}'
+    for k in MATCH_KEYS
+    if start.get(k) != arm.get(k)
+  ]
+  if bad:
+    raise ValueError(
+      f'--init_from={init_from} was trained with other settings than the '
+      f'arms ({"; ".join(bad)}); pass --base=CONFIG.py with the config that '
+      'run was trained with (e.g. experiments/configs/quickstart_bpe.py).'
+    )
+
+
+def chars_per_token(workdir: str) -> float:
+  """Characters per token of the run's validation split (1 for chars)."""
+  run = load_run(workdir)
+  run.close()
+  ids = np.asarray(run.data.splits['validation'])
+  return len(run.data.tokenizer.decode(ids)) / max(ids.size, 1)
+
+
 def train_arms(arms, seeds, args):
   """Trains every arm at every seed into OUT/ARM_sSEED (finished: skipped)."""
   runs = sweeps.grid(
@@ -58,7 +160,7 @@ def train_arms(arms, seeds, args):
       'sample.num_samples': 0,  # The sweep below samples.
     },
   )
-  make_config = lambda arm: sm_continue.get_config(config_arg(arm, args.preset))
+  make_config = lambda arm: arm_config(arm, args)
   return sweeps.run_grid(runs, make_config, _train, done=_finished)
 
 
@@ -77,6 +179,8 @@ def sweep(workdir: str, args) -> dict:
     ]  # fmt: skip
     if args.mauve:
       cmd.append('--mauve')
+    if args.batch:
+      cmd.append(f'--batch={args.batch}')
     subprocess.run(cmd, check=True)
   with open(path) as f:
     return json.load(f)
@@ -95,10 +199,14 @@ _mean_std = sweeps.mean_std
 def aggregate(results: dict, steps: list[int]) -> str:
   """Markdown tables: validation bound per arm, quality per (arm, T)."""
   bound = []
+  cpt = results.get('chars_per_token', 1.0)
   for arm, runs in results['arms'].items():
     if runs:
-      bpc = [r['validation']['bits_per_token'] for r in runs]
-      bound.append([arm, runs[0]['steps'], _mean_std(bpc), len(runs)])
+      bpt = [r['validation']['bits_per_token'] for r in runs]
+      bound.append([
+        arm, runs[0]['steps'], _mean_std(bpt, digits=4),
+        _mean_std(bpt, scale=1.0 / cpt, digits=4), len(runs),
+      ])  # fmt: skip
   quality = []
   arms = [(a, r) for a, r in results['arms'].items() if r]
   for arm, runs in [('start', [results['start']])] + arms:
@@ -109,7 +217,9 @@ def aggregate(results: dict, steps: list[int]) -> str:
         cells = [_mean_std([r.get(k) for r in rows]) for k, _ in METRICS]
         quality.append([arm, t, _mean_std([r['nfe'] for r in rows]), *cells])
   tables = [
-    sweeps.markdown_table(['arm', 'steps', 'validation bits/char', 'n'], bound),
+    sweeps.markdown_table(
+      ['arm', 'steps', 'validation bits/token', 'bits/char', 'n'], bound
+    ),
     sweeps.markdown_table(
       ['arm', 'T', 'NFE', *(n for _, n in METRICS)], quality
     ),
@@ -190,11 +300,21 @@ def main():
   p.add_argument('--no_mauve', dest='mauve', action='store_false')
   p.add_argument('--out', default='runs/sm')
   p.add_argument('--preset', default='', help="'smoke': seconds (tests)")
+  p.add_argument(
+    '--base',
+    default='',
+    help='config file of the regime (default: the char quickstart)',
+  )
+  p.add_argument(
+    '--batch', type=int, default=0, help='samples per sampler call'
+  )
   args = p.parse_args()
   steps = [int(s) for s in args.steps.split(',')]
   arms = args.arms.split(',')
+  check_init_from(arm_config(arms[0], args), args.init_from)
   os.makedirs(args.out, exist_ok=True)
   results = {'arms': {a: [] for a in arms}, 'args': vars(args)}
+  results['chars_per_token'] = chars_per_token(args.init_from)
   results['start'] = {'sweep': sweep(args.init_from, args)}
   seeds = [int(s) for s in args.seeds.split(',')]
   for result in train_arms(arms, seeds, args):

@@ -104,6 +104,7 @@ def _config(**overrides):
     ),
     ({'model.attention_impl': 'flash'}, "attention_impl='flash'"),
     ({'process.bound': 'fulll'}, "bound_kind='fulll'"),
+    ({'sample.scorer': '/nonexistent/ar_run'}, 'train the AR scorer run'),
     (
       {
         'process.kind': 'bd3',

@@ -45,6 +45,9 @@ EQ_ID = TOKEN_ID['=']
 PAD_ID = TOKEN_ID['<pad>']
 MAX_LEVEL = 5
 LEVELS = tuple(range(1, MAX_LEVEL + 1))
+TRAIN_LEVELS = LEVELS[:-1]
+HELDOUT_LEVEL = MAX_LEVEL
+PLAN_LEN = 16  # the configs' default plan field (level 5 needs 10)
 QUESTION_LEN = 2 * MAX_LEVEL + 1
 SPLITS = ('train', 'validation', 'test')
 _SPLIT_IDS = {s: i for i, s in enumerate(SPLITS)}

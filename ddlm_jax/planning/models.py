@@ -19,14 +19,16 @@ from ddlm_jax.data import reasoning as rs
 from ddlm_jax.diffusion.autoregressive import Autoregressive
 from ddlm_jax.models.layers import Dense
 from ddlm_jax.models.transformer import Transformer, TransformerConfig
-from ddlm_jax.planning import layout
 
 
-def backbone_config(model_cfg, *, causal: bool) -> TransformerConfig:
-  """TransformerConfig from a config block with width, depth, num_heads."""
+def backbone_config(
+  model_cfg, *, causal: bool, vocab_size: int = rs.VOCAB_SIZE
+) -> TransformerConfig:
+  """TransformerConfig from a config block with width, depth, num_heads;
+  `vocab_size` is the task's (default: the arithmetic task's)."""
   return TransformerConfig(
-    vocab_size=rs.VOCAB_SIZE,
-    input_vocab_size=rs.VOCAB_SIZE + 1,  # mask id (planner) or BOS (AR)
+    vocab_size=int(vocab_size),
+    input_vocab_size=int(vocab_size) + 1,  # mask id (planner) or BOS (AR)
     width=int(model_cfg.width),
     depth=int(model_cfg.depth),
     num_heads=int(model_cfg.num_heads),
@@ -99,13 +101,15 @@ def executor_logits(
   Inputs are the tokens shifted right behind BOS, so position j predicts
   token j. With `soft_BxPxD`, the inputs that carry the plan field (input
   positions plan_start + 1 ... plan_start + P) are these vectors instead of
-  token embeddings.
+  token embeddings. The layout [question | plan = answer] puts the plan
+  field at L - P - 2 ... L - 3 whatever the task's question length.
   """
-  process = Autoregressive(rs.VOCAB_SIZE)
+  process = Autoregressive(executor.cfg.vocab_size)
   x_BxLxD = executor.embed(process.shift_right(tokens_BxL))
   if soft_BxPxD is not None:
     plan_len = soft_BxPxD.shape[1]
-    if tokens_BxL.shape[1] != layout.executor_length(plan_len):
+    question_len = tokens_BxL.shape[1] - plan_len - 3
+    if question_len < 1:
       raise ValueError(
         f'{plan_len} soft tokens do not fit an executor sequence of length '
         f'{tokens_BxL.shape[1]}.'
@@ -115,7 +119,7 @@ def executor_logits(
         f'soft tokens have width {soft_BxPxD.shape[-1]}; the executor '
         f'embeds to {x_BxLxD.shape[-1]}.'
       )
-    start = layout.plan_start(plan_len) + 1
+    start = question_len + 2  # plan_start + 1
     x_BxLxD = jax.lax.dynamic_update_slice_in_dim(
       x_BxLxD, soft_BxPxD.astype(x_BxLxD.dtype), start, axis=1
     )

@@ -16,7 +16,9 @@
 Every pipeline maps (params, key, question_BxQ) to a dict with the answer,
 the plan it used (if any), the planner's and executor's network calls (NFE)
 and the tokens the executor generated; the same key gives the same output.
-`pipeline_flops` turns those counts into FLOPs per problem.
+`pipeline_flops` turns those counts into FLOPs per problem. The task
+(`PipelineSpec.task`, a `data.planning_tasks` name) fixes the vocabulary,
+the question length and the separator ids; the default is arithmetic.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ddlm_jax.data import reasoning as rs
+from ddlm_jax.data.planning_tasks import get_task
 from ddlm_jax.diffusion.masked import MaskedDiffusion
 from ddlm_jax.diffusion.schedules import LogLinearSchedule
 from ddlm_jax.evaluation.cost import transformer_flops
@@ -40,14 +42,16 @@ PIPELINES = ('direct', 'cot', 'text', 'latent')
 LATENT_SOURCES = ('final', 'masked')
 
 
-def planner_process(loss_type: str = 'elbo') -> MaskedDiffusion:
+def planner_process(
+  loss_type: str = 'elbo', task: str = 'arithmetic'
+) -> MaskedDiffusion:
   """The planner's masked-diffusion process (MDLM log-linear schedule).
 
   `loss_type` only changes the training objective ('elbo' or 'simple_ce');
-  sampling is the same for both.
+  sampling is the same for both. The mask id is the task's vocab size.
   """
   return MaskedDiffusion(
-    LogLinearSchedule(), rs.VOCAB_SIZE, loss_type=loss_type
+    LogLinearSchedule(), get_task(task).vocab_size, loss_type=loss_type
   )
 
 
@@ -61,6 +65,7 @@ class PipelineSpec:
     sampler: the planner's sampler (text; latent with source 'final').
     latent_source: 'final' or 'masked' (see the module docstring).
     exec_temperature: 0 for greedy executor decoding, else sampling.
+    task: the planning task's registry name.
   """
 
   name: str
@@ -68,16 +73,22 @@ class PipelineSpec:
   sampler: Sampler | None = None
   latent_source: str = 'final'
   exec_temperature: float = 0.0
+  task: str = 'arithmetic'
 
   def __post_init__(self):
+    task = get_task(self.task)  # ValueError naming the tasks
     if self.name not in PIPELINES:
       raise ValueError(f'pipeline {self.name!r}; choose one of {PIPELINES}.')
     if self.latent_source not in LATENT_SOURCES:
       raise ValueError(
         f'latent_source={self.latent_source!r}; choose one of {LATENT_SOURCES}.'
       )
-    if self.plan_len < rs.plan_tokens_needed(1):
-      raise ValueError(f'plan_len must be >= 2, got {self.plan_len}.')
+    need = task.plan_tokens_needed(min(task.levels))
+    if self.plan_len < need:
+      raise ValueError(
+        f'plan_len must be >= {need} for task {task.name!r}, got '
+        f'{self.plan_len}.'
+      )
     needs_sampler = self.name == 'text' or (
       self.name == 'latent' and self.latent_source == 'final'
     )
@@ -98,32 +109,38 @@ def _pick(key, logits_BxV, temperature: float):
 
 def _answer(executor, key, tokens_BxL, soft, spec: PipelineSpec):
   logits = pm.executor_logits(executor, tokens_BxL, soft)
-  pos = layout.answer_position(spec.plan_len)
+  pos = layout.answer_position(spec.plan_len, spec.task)
   return _pick(key, logits[:, pos], spec.exec_temperature)
 
 
-def _exec_tokens(question_BxQ, plan_BxP):
+def _exec_tokens(question_BxQ, plan_BxP, task: str):
   """[question | plan = PAD]: the executor's input with the answer unset."""
-  batch = question_BxQ.shape[0]
-  bar = jnp.full((batch, 1), rs.BAR_ID, jnp.int32)
-  eq = jnp.full((batch, 1), rs.EQ_ID, jnp.int32)
-  ans = jnp.full((batch, 1), rs.PAD_ID, jnp.int32)
+  batch, t = question_BxQ.shape[0], get_task(task)
+  if question_BxQ.shape[1] != t.question_len:
+    raise ValueError(
+      f'questions of {question_BxQ.shape[1]} tokens; task {t.name!r} has '
+      f'{t.question_len}.'
+    )
+  bar = jnp.full((batch, 1), t.bar_id, jnp.int32)
+  eq = jnp.full((batch, 1), t.eq_id, jnp.int32)
+  ans = jnp.full((batch, 1), t.pad_id, jnp.int32)
   return jnp.concatenate(
     [question_BxQ.astype(jnp.int32), bar, plan_BxP.astype(jnp.int32), eq, ans],
     axis=1,
   )
 
 
-def _pad_plan(batch: int, plan_len: int):
-  return jnp.full((batch, plan_len), rs.PAD_ID, jnp.int32)
+def _pad_plan(batch: int, plan_len: int, task: str):
+  return jnp.full((batch, plan_len), get_task(task).pad_id, jnp.int32)
 
 
 def _cot_generate(executor, key, question_BxQ, spec: PipelineSpec):
   """Greedy/sampled left-to-right decoding of plan field, '=' and answer."""
   batch, plan_len = question_BxQ.shape[0], spec.plan_len
-  tokens = _exec_tokens(question_BxQ, _pad_plan(batch, plan_len))
-  first = layout.plan_start(plan_len)
-  last = layout.answer_position(plan_len)
+  task = spec.task
+  tokens = _exec_tokens(question_BxQ, _pad_plan(batch, plan_len, task), task)
+  first = layout.plan_start(plan_len, task)
+  last = layout.answer_position(plan_len, task)
 
   def step(i, carry):
     tokens, key = carry
@@ -146,39 +163,40 @@ def run(spec: PipelineSpec, graphdefs: dict, params: dict, key, question_BxQ):
       pipeline uses).
     params: pure parameter dicts under the same names.
     key: the pipeline's randomness (planner sampling, executor sampling).
-    question_BxQ: question tokens, PAD-padded to QUESTION_LEN.
+    question_BxQ: question tokens, PAD-padded to the task's question_len.
 
   Returns:
     dict: answer_B, plan_BxP (the plan the executor read or wrote; PAD for
     direct and latent-masked), plan_nfe, exec_nfe (scalars) and
     exec_tokens_B (non-PAD tokens the executor generated).
   """
-  batch, plan_len = question_BxQ.shape[0], spec.plan_len
+  batch, plan_len, task = question_BxQ.shape[0], spec.plan_len, spec.task
+  pad_id = get_task(task).pad_id
   plan_key, exec_key = jax.random.split(key)
   executor = pm.merge(graphdefs['executor'], params['executor'])
   zero = jnp.int32(0)
   if spec.name == 'cot':
     tokens, nfe = _cot_generate(executor, exec_key, question_BxQ, spec)
-    gen = tokens[:, layout.plan_start(plan_len) :]
+    gen = tokens[:, layout.plan_start(plan_len, task) :]
     return {
       'answer_B': tokens[:, -1],
       'plan_BxP': gen[:, :plan_len],
       'plan_nfe': zero,
       'exec_nfe': jnp.int32(nfe),
-      'exec_tokens_B': jnp.sum(gen != rs.PAD_ID, axis=-1).astype(jnp.int32),
+      'exec_tokens_B': jnp.sum(gen != pad_id, axis=-1).astype(jnp.int32),
     }
   one_token = jnp.ones((batch,), jnp.int32)
   if spec.name == 'direct':
-    tokens = _exec_tokens(question_BxQ, _pad_plan(batch, plan_len))
+    tokens = _exec_tokens(question_BxQ, _pad_plan(batch, plan_len, task), task)
     return {
       'answer_B': _answer(executor, exec_key, tokens, None, spec),
-      'plan_BxP': _pad_plan(batch, plan_len),
+      'plan_BxP': _pad_plan(batch, plan_len, task),
       'plan_nfe': zero,
       'exec_nfe': jnp.int32(1),
       'exec_tokens_B': one_token,
     }
   planner = pm.merge(graphdefs['planner'], params['planner'])
-  process = planner_process()
+  process = planner_process(task=task)
   apply = lambda z, t: planner(z)
   if spec.name == 'text' or spec.latent_source == 'final':
     plan, plan_nfe, z_BxL = conditional.sample_plan(
@@ -186,15 +204,15 @@ def run(spec: PipelineSpec, graphdefs: dict, params: dict, key, question_BxQ):
     )
   else:
     z_BxL = conditional.plan_prompt(question_BxQ, plan_len, process.mask_id)
-    plan, plan_nfe = _pad_plan(batch, plan_len), zero
+    plan, plan_nfe = _pad_plan(batch, plan_len, task), zero
   if spec.name == 'text':
-    tokens = _exec_tokens(question_BxQ, plan)
+    tokens = _exec_tokens(question_BxQ, plan, task)
     answer = _answer(executor, exec_key, tokens, None, spec)
   else:
     projector = pm.merge(graphdefs['projector'], params['projector'])
     h_BxPxD = pm.planner_hidden(planner, z_BxL)[:, -plan_len:]
     soft_BxPxD = projector(h_BxPxD)
-    tokens = _exec_tokens(question_BxQ, _pad_plan(batch, plan_len))
+    tokens = _exec_tokens(question_BxQ, _pad_plan(batch, plan_len, task), task)
     answer = _answer(executor, exec_key, tokens, soft_BxPxD, spec)
     plan_nfe = plan_nfe + 1
   return {
@@ -242,12 +260,14 @@ def pipeline_flops(
   Args:
     configs: {'planner', 'executor'} TransformerConfigs.
   """
-  plan_len = spec.plan_len
+  plan_len, task = spec.plan_len, spec.task
   exec_call = transformer_flops(
-    configs['executor'], 1, layout.executor_length(plan_len)
+    configs['executor'], 1, layout.executor_length(plan_len, task)
   )
   plan_call = (
-    transformer_flops(configs['planner'], 1, layout.planner_length(plan_len))
+    transformer_flops(
+      configs['planner'], 1, layout.planner_length(plan_len, task)
+    )
     if 'planner' in configs
     else 0.0
   )

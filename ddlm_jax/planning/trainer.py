@@ -20,6 +20,8 @@ resumes from its newest checkpoint and regenerates the same batches.
 Finally the pipeline runs on the test split (every level, including the
 held-out one) and workdir/summary.json gets accuracy per level, plan
 accuracy, planner NFE, plan and execution tokens, and FLOPs per problem.
+`config.task` names the planning task (data/planning_tasks.py; default
+'arithmetic', the task of reasoning.py).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ddlm_jax.data import reasoning as rs
+from ddlm_jax.data.planning_tasks import PlanningTask, get_task
 from ddlm_jax.diffusion.autoregressive import Autoregressive
 from ddlm_jax.diffusion.masked import token_cross_entropy
 from ddlm_jax.planning import conditional, layout, pipelines
@@ -56,6 +58,14 @@ NEEDS = {
 _FAST_COMPILE = pipelines.FAST_COMPILE
 
 
+def task_of(config) -> PlanningTask:
+  """The config's planning task (config.task; 'arithmetic' if absent)."""
+  try:
+    return get_task(config.get('task', 'arithmetic'))
+  except ValueError as e:
+    raise ValueError(f'config.task: {e}') from None
+
+
 def check_config(config) -> None:
   """Clear errors for bad settings, before anything is traced."""
   if config.pipeline not in pipelines.PIPELINES:
@@ -63,18 +73,34 @@ def check_config(config) -> None:
       f'config.pipeline={config.pipeline!r}; choose one of '
       f'{pipelines.PIPELINES}.'
     )
+  task = task_of(config)
   t = config.reasoning
   for name in ('train_levels', 'test_levels'):
     levels = tuple(t[name])
-    if not levels or any(v not in rs.LEVELS for v in levels):
+    if not levels or any(v not in task.levels for v in levels):
       raise ValueError(
-        f'reasoning.{name}={levels}; levels must be in {rs.LEVELS}.'
+        f'reasoning.{name}={levels}; levels of task {task.name!r} must be '
+        f'in {task.levels} (pass the task in the config argument, e.g. '
+        f"'latent,{task.name},cpu', to get its defaults)."
       )
-  need = rs.plan_tokens_needed(max(max(t.train_levels), max(t.test_levels)))
+  heldout = t.get('heldout_level', None)
+  if heldout is not None:
+    if heldout in tuple(t.train_levels):
+      raise ValueError(
+        f'reasoning.heldout_level={heldout} is one of the training levels '
+        f'{tuple(t.train_levels)}; hold out a level that is not trained on.'
+      )
+    if heldout not in tuple(t.test_levels):
+      raise ValueError(
+        f'reasoning.heldout_level={heldout} is not tested; add it to '
+        f'reasoning.test_levels={tuple(t.test_levels)}.'
+      )
+  top = max(max(t.train_levels), max(t.test_levels))
+  need = max(task.plan_tokens_needed(v) for v in task.levels if v <= top)
   if t.plan_len < need:
     raise ValueError(
       f'reasoning.plan_len={t.plan_len} cannot hold a level '
-      f'{max(t.test_levels)} plan ({need} tokens); raise it.'
+      f'{top} plan of task {task.name!r} ({need} tokens); raise it.'
     )
   for block in ('planner', 'executor', 'latent'):
     b = config[block]
@@ -106,38 +132,48 @@ def pipeline_spec(config) -> pipelines.PipelineSpec:
     sampler=make_sampler(config) if uses_sampler else None,
     latent_source=config.latent.source,
     exec_temperature=float(config.eval.exec_temperature),
+    task=task_of(config).name,
   )
 
 
 def model_configs(config) -> dict:
+  v = task_of(config).vocab_size
   return {
-    'planner': pm.backbone_config(config.planner, causal=False),
-    'executor': pm.backbone_config(config.executor, causal=True),
+    'planner': pm.backbone_config(config.planner, causal=False, vocab_size=v),
+    'executor': pm.backbone_config(config.executor, causal=True, vocab_size=v),
   }
 
 
 # ----------------------------------------------------------------- losses
 
 
-def _role_batch(role: str, raw: dict, plan_len: int) -> dict:
+def _role_batch(
+  role: str, raw: dict, plan_len: int, task: str = 'arithmetic'
+) -> dict:
   """Model inputs of one role from a raw task batch."""
   q, plan = raw['question'], raw['plan']
   batch = q.shape[0]
   if role == 'planner':
     return {
       'x': layout.planner_sequence(q, plan),
-      'cond': layout.condition_mask(batch, plan_len),
+      'cond': layout.condition_mask(batch, plan_len, task),
     }
   if role == 'direct':
-    plan = layout.pad_plan(batch, plan_len)
+    plan = layout.pad_plan(batch, plan_len, task)
   kind = 'cot' if role == 'cot' else 'answer'
   return {
-    'x': layout.executor_sequence(q, plan, raw['answer']),
-    'mask': layout.executor_loss_mask(batch, plan_len, kind),
+    'x': layout.executor_sequence(q, plan, raw['answer'], task),
+    'mask': layout.executor_loss_mask(batch, plan_len, kind, task),
   }
 
 
-def role_loss(role: str, graphdef, plan_len: int, loss_type: str = 'elbo'):
+def role_loss(
+  role: str,
+  graphdef,
+  plan_len: int,
+  loss_type: str = 'elbo',
+  task: str = 'arithmetic',
+):
   """loss(params, key, batch) -> (scalar loss, metrics) for a model role.
 
   `loss_type` is the planner's objective: 'elbo' (the NELBO) or 'simple_ce'
@@ -145,7 +181,7 @@ def role_loss(role: str, graphdef, plan_len: int, loss_type: str = 'elbo'):
   NELBO.
   """
   if role == 'planner':
-    process = pipelines.planner_process(loss_type)
+    process = pipelines.planner_process(loss_type, task)
 
     def loss(params, key, batch):
       model = pm.merge(graphdef, params)
@@ -158,8 +194,8 @@ def role_loss(role: str, graphdef, plan_len: int, loss_type: str = 'elbo'):
 
     return loss
 
-  ar = Autoregressive(rs.VOCAB_SIZE)
-  pos = layout.answer_position(plan_len)
+  ar = Autoregressive(get_task(task).vocab_size)
+  pos = layout.answer_position(plan_len, task)
 
   def loss(params, key, batch):
     del key
@@ -172,13 +208,15 @@ def role_loss(role: str, graphdef, plan_len: int, loss_type: str = 'elbo'):
   return loss
 
 
-def projector_loss(graphdefs: dict, frozen: dict, plan_len: int):
+def projector_loss(
+  graphdefs: dict, frozen: dict, plan_len: int, task: str = 'arithmetic'
+):
   """Answer loss of the latent pipeline; gradients reach `params` only.
 
   `params` holds 'projector' (and 'executor' when unfrozen); `frozen` the
   rest. Batches carry the precomputed planner hidden states 'h'.
   """
-  pos = layout.answer_position(plan_len)
+  pos = layout.answer_position(plan_len, task)
 
   def loss(params, key, batch):
     del key
@@ -289,7 +327,7 @@ def train(
 
 
 def _task_stream(config, block, start: int) -> Iterator[dict]:
-  return rs.stream_batches(
+  return task_of(config).stream_batches(
     int(block.batch_size),
     tuple(config.reasoning.train_levels),
     seed=config.seed,
@@ -308,17 +346,18 @@ def train_role(config, role: str, models_dir: str) -> tuple[Any, dict]:
   seed = config.seed * 1000 + ROLES.index(role)
   graphdef, params = pm.split(pm.build(cfg, seed))
   plan_len = int(config.reasoning.plan_len)
+  task = task_of(config).name
 
   def batches(start):
     for raw in _task_stream(config, block, start):
-      yield _role_batch(role, raw, plan_len)
+      yield _role_batch(role, raw, plan_len, task)
 
   directory = os.path.join(models_dir, role)
   params = train(
     role,
     directory,
     params,
-    role_loss(role, graphdef, plan_len, config.planner.loss_type),
+    role_loss(role, graphdef, plan_len, config.planner.loss_type, task),
     batches,
     config,
     'planner' if role == 'planner' else 'executor',
@@ -334,10 +373,14 @@ def train_role(config, role: str, models_dir: str) -> tuple[Any, dict]:
 
 def validate_planner(config, graphdef, params) -> dict:
   """Exact plan accuracy per training level on the validation split."""
+  task = task_of(config)
   spec = pipelines.PipelineSpec(
-    'text', int(config.reasoning.plan_len), sampler=make_sampler(config)
+    'text',
+    int(config.reasoning.plan_len),
+    sampler=make_sampler(config),
+    task=task.name,
   )
-  data = rs.make_split(
+  data = task.make_split(
     'validation',
     tuple(config.reasoning.train_levels),
     int(config.eval.batch_size),
@@ -350,7 +393,7 @@ def validate_planner(config, graphdef, params) -> dict:
       spec.sampler,
       lambda z, t: pm.merge(graphdef, p)(z),
       jax.random.key(config.seed + 2),
-      pipelines.planner_process(),
+      pipelines.planner_process(task=task.name),
       q,
       spec.plan_len,
     )[0]
@@ -358,7 +401,7 @@ def validate_planner(config, graphdef, params) -> dict:
   fast = _FAST_COMPILE if config.train.fast_compile else None
   planner = jax.jit(planner, compiler_options=fast)
   plan = np.asarray(planner(params, jnp.asarray(data['question'])))
-  ok = rs.plan_correct(data['question'], plan)
+  ok = task.plan_correct(data['question'], plan)
   return {
     str(v): float(ok[data['level'] == v].mean())
     for v in config.reasoning.train_levels
@@ -372,7 +415,7 @@ def make_hidden_fn(
   spec: pipelines.PipelineSpec, planner_graphdef, fast_compile=False
 ):
   """jit (planner params, key, question) -> planner states at the plan."""
-  process = pipelines.planner_process()
+  process = pipelines.planner_process(task=spec.task)
 
   def hidden(params, key, question_BxQ):
     planner = pm.merge(planner_graphdef, params)
@@ -399,7 +442,7 @@ def hidden_pool(config, spec, planner_graphdef, planner_params) -> dict:
   lat = config.latent
   size, bs = int(lat.pool_size), int(config.eval.batch_size)
   fn = make_hidden_fn(spec, planner_graphdef, config.train.fast_compile)
-  stream = rs.stream_batches(
+  stream = task_of(config).stream_batches(
     bs,
     tuple(config.reasoning.train_levels),
     seed=config.seed + 7919,  # not the executors' training stream
@@ -418,7 +461,14 @@ def hidden_pool(config, spec, planner_graphdef, planner_params) -> dict:
   return {k: np.concatenate([p[k] for p in parts])[:size] for k in parts[0]}
 
 
-def _pool_batches(pool: dict, batch: int, seed: int, plan_len: int, start: int):
+def _pool_batches(
+  pool: dict,
+  batch: int,
+  seed: int,
+  plan_len: int,
+  start: int,
+  task: str = 'arithmetic',
+):
   num = len(pool['answer'])
   per_epoch = max(num // batch, 1)
   step = start
@@ -429,7 +479,10 @@ def _pool_batches(pool: dict, batch: int, seed: int, plan_len: int, start: int):
     q = pool['question'][idx]
     yield {
       'x': layout.executor_sequence(
-        q, layout.pad_plan(len(idx), plan_len), pool['answer'][idx]
+        q,
+        layout.pad_plan(len(idx), plan_len, task),
+        pool['answer'][idx],
+        task,
       ),
       'h': pool['h'][idx],
       'answer': pool['answer'][idx].astype(np.int32),
@@ -474,14 +527,14 @@ def train_projector(config, workdir: str, graphdefs: dict, params: dict):
 
   def batches(start):
     return _pool_batches(
-      pool, int(lat.batch_size), config.seed, spec.plan_len, start
+      pool, int(lat.batch_size), config.seed, spec.plan_len, start, spec.task
     )
 
   trained = train(
     'projector',
     directory,
     trainable,
-    projector_loss(graphdefs, frozen, spec.plan_len),
+    projector_loss(graphdefs, frozen, spec.plan_len, spec.task),
     batches,
     config,
     'latent',
@@ -494,8 +547,8 @@ def train_projector(config, workdir: str, graphdefs: dict, params: dict):
 
 def evaluate(config, spec, graphdefs: dict, params: dict) -> dict:
   """Runs the pipeline on the test split; per-level and mean statistics."""
-  t = config.reasoning
-  data = rs.make_split(
+  t, task = config.reasoning, task_of(config)
+  data = task.make_split(
     'test',
     tuple(t.test_levels),
     int(t.num_test_per_level),
@@ -530,7 +583,7 @@ def evaluate(config, spec, graphdefs: dict, params: dict) -> dict:
     spec.name == 'latent' and spec.latent_source == 'final'
   )
   plan_ok = (
-    rs.plan_correct(data['question'], out['plan_BxP']) if has_plan else None
+    task.plan_correct(data['question'], out['plan_BxP']) if has_plan else None
   )
   per_level = {}
   for v in t.test_levels:
@@ -653,6 +706,7 @@ def _run_pipeline(config, workdir: str) -> dict:
   result = evaluate(config, spec, graphdefs, params)
   summary = {
     'pipeline': spec.name,
+    'task': spec.task,
     'seed': config.seed,
     'plan_len': spec.plan_len,
     'sampler': repr(spec.sampler) if spec.sampler is not None else None,

@@ -94,6 +94,12 @@ def check_sample_config(sample, process, time_conditioning: bool = False):
   check_range(
     'sample.batch_size', sample.get('batch_size', 0), lo=0, integer=True
   )
+  scorer = sample.get('scorer', '')
+  if num and scorer and not os.path.exists(os.path.join(scorer, 'config.json')):
+    raise ConfigError(
+      f'sample.scorer={scorer!r} is not a run directory (no config.json): '
+      "train the AR scorer run first, or pass --config.sample.scorer=''."
+    )
   if causal:
     name = sample.get('sampler', 'ancestral') or 'ancestral'
     if name.split(':')[0].strip() not in ('ancestral', 'autoregressive'):

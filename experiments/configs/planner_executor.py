@@ -1,7 +1,9 @@
-"""DDLM planner -> ARM executor on multi-step arithmetic (arXiv 2510.15244).
+"""DDLM planner -> ARM executor on planning tasks (arXiv 2510.15244).
 
-One config for the four pipelines of issue 8; the argument is
-'PIPELINE[,preset]' with PIPELINE in direct | cot | text | latent:
+One config for the four pipelines of issues 8 and 20; the argument is
+'PIPELINE[,TASK][,preset]' with PIPELINE in direct | cot | text | latent and
+TASK in arithmetic (default) | sudoku4 | countdown | paths
+(ddlm_jax/data/planning_tasks.py); 'latent,cpu' is arithmetic:
 
   direct  ARM answers from the question.
   cot     ARM writes its own plan (chain of thought), then answers.
@@ -11,10 +13,18 @@ One config for the four pipelines of issue 8; the argument is
           tokens); the projector trains on the answer loss with planner and
           executor frozen (latent.unfreeze_executor=True unfreezes the ARM).
 
-The task (ddlm_jax/data/reasoning.py): k operations (+ - *) on digits,
-evaluated left to right mod 10; the level is k (1-5); the plan is the chain
-of running results 'r1;r2;...;' (2k tokens). Training uses levels 1-4,
-testing every level including the held-out level 5. The plan field is
+Tasks: sudoku4 (4x4 Sudoku, unique solution, levels = 4/6/8/10/12 blanks,
+answer = the query cell), countdown (2-4 numbers to a target, answer = the
+root operator of the unique solution), paths (unique shortest path in a
+10-node graph, answer = the first hop). The TASK part of the argument sets
+the task's levels, held-out level and plan length (`config.task` alone does
+not: reasoning.* then keep the arithmetic defaults and check_config names
+what does not fit).
+
+The arithmetic task (ddlm_jax/data/reasoning.py): k operations (+ - *) on
+digits, evaluated left to right mod 10; the level is k (1-5); the plan is
+the chain of running results 'r1;r2;...;' (2k tokens). Training uses levels
+1-4, testing every level including the held-out level 5. The plan field is
 P = reasoning.plan_len tokens (default 16): level-5 plans need 10 tokens, so the
 paper's P = 64 would be 54 padding tokens here; P is configurable.
 
@@ -27,6 +37,8 @@ Commands (models are shared through --config.models_dir):
     --workdir=runs/pe/text --config.models_dir=runs/pe/models \
     --config.plan.sampler=confidence:greedy=True --config.plan.steps=16
   python -m experiments.sweep_planner_executor --preset=cpu --out=runs/pe
+  python -m experiments.sweep_planner_executor --task=sudoku4 --preset=cpu \
+    --out=runs/pe_sudoku4
 
 Presets:
   ''      larger models (width 128, depth 4) and 20k steps per model; not
@@ -35,6 +47,12 @@ Presets:
           steps (simple_ce), executors 3000, projector 1500 (about 35 min
           for the whole sweep on 2 shared cores).
   'smoke' seconds: width 16, a few steps (tests).
+  For sudoku4 / countdown / paths, 'cpu' trains planner and executors for
+  the same steps and batch (the issue's budget rule): width 64, depth 2,
+  1000 steps each, projector 300 steps, 200 test problems per level. The
+  2 cores were shared by ~8 jobs (about 1.3 steps/s at width 64, depth 3),
+  so this is what fits ~25 min per sweep of direct, cot, text (3
+  samplers) and latent; TASK_CPU below.
 
 Paper claims (arXiv 2510.15244): latent beats text (DART-5 27.0% -> 54.0%,
 AIME24 0% -> 14%); with 64 planning tokens and ~5 execution tokens the
@@ -55,16 +73,33 @@ from __future__ import annotations
 
 import ml_collections
 
+from ddlm_jax.data.planning_tasks import TASK_NAMES, get_task
 from experiments.configs import common
 
 PIPELINES = ('direct', 'cot', 'text', 'latent')
 PRESETS = ('', 'cpu', 'smoke')
 SMOKE_ARG = 'latent,smoke'
+# 'cpu' preset of the new tasks: (steps of planner and every executor,
+# projector steps). Equal planner / executor budgets (issue 20).
+TASK_CPU = {'sudoku4': (1000, 300), 'countdown': (1000, 300),
+            'paths': (1000, 300)}  # fmt: skip
 
 
-def parse_arg(arg: str) -> tuple[str, str]:
-  """'PIPELINE[,preset]' -> (pipeline, preset), with clear errors."""
-  return common.parse_arg(arg, {'pipeline': PIPELINES}, PRESETS)
+def parse_arg(arg: str) -> tuple[str, str, str]:
+  """'PIPELINE[,TASK][,preset]' -> (pipeline, task, preset)."""
+  parts = [p.strip() for p in (arg or '').split(',')]
+  task = 'arithmetic'
+  if len(parts) >= 2 and parts[1] in TASK_NAMES:
+    task = parts.pop(1)
+  elif len(parts) == 3:
+    raise ValueError(
+      f'config argument {arg!r}: unknown task {parts[1]!r}; choose one of '
+      f'{TASK_NAMES}.'
+    )
+  pipeline, preset = common.parse_arg(
+    ','.join(parts), {'pipeline': PIPELINES}, PRESETS
+  )
+  return pipeline, task, preset
 
 
 def _model(width, depth, heads, steps, batch, lr):
@@ -75,17 +110,20 @@ def _model(width, depth, heads, steps, batch, lr):
 
 
 def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
-  pipeline, preset = parse_arg(arg)
+  pipeline, task_name, preset = parse_arg(arg)
+  task = get_task(task_name)
   c = ml_collections.ConfigDict()
   c.pipeline = pipeline
+  c.task = task_name
   c.kind = 'planner_executor'  # Declared task kind for experiments.run.
   c.seed = 0
   c.models_dir = ''  # Shared trained models; '' = <workdir>/models.
 
-  c.reasoning = ml_collections.ConfigDict()
-  c.reasoning.train_levels = (1, 2, 3, 4)
-  c.reasoning.test_levels = (1, 2, 3, 4, 5)
-  c.reasoning.plan_len = 16  # P; level-5 plans need 10 tokens.
+  c.reasoning = ml_collections.ConfigDict()  # the task's levels and P
+  c.reasoning.train_levels = task.train_levels
+  c.reasoning.test_levels = task.levels
+  c.reasoning.heldout_level = task.heldout_level  # not a training level
+  c.reasoning.plan_len = task.plan_len  # P; arithmetic level 5 needs 10.
   c.reasoning.num_test_per_level = 1000
 
   c.planner = _model(128, 4, 4, 20_000, 128, 1e-3)
@@ -136,6 +174,15 @@ def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
     c.reasoning.num_test_per_level = 500
     c.train.log_every = 250
     c.train.checkpoint_every = 500
+    if task_name in TASK_CPU:
+      steps, proj_steps = TASK_CPU[task_name]
+      c.planner = _model(64, 2, 4, steps, 64, 2e-3)
+      c.planner.loss_type = 'simple_ce'
+      c.executor = _model(64, 2, 4, steps, 64, 2e-3)
+      c.latent.steps = proj_steps
+      c.latent.pool_size = 1024
+      c.reasoning.num_test_per_level = 200
+      c.train.log_every = 100
   elif preset == 'smoke':
     c.planner = _model(16, 1, 2, 3, 8, 1e-3)
     c.planner.loss_type = 'elbo'
