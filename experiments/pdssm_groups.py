@@ -1,20 +1,18 @@
 """PD-SSM on group word problems / mod arith, with P_t diagnostics.
 
-A diagnostic harness (issue 19, item 4; docs/RESULTS.md section 5.3), not a
-second trainer for users: it has its own minimal AdamW loop because the
-per-prefix loss and the group tasks with k generators are not yet options
-of the one loop's state-tracking task (`training/classification.py`:
-`task.loss_on='prefix'`, `model.mixer_kwargs`, the `GROUP_TASKS` names).
-Once they are, this file shrinks to the P_t analysis.
-
-Builds the model of experiments/configs/state_tracking.py (preset and
-model as given), trains it with the suite's AdamW schedule on fresh batches
-and either the last-token loss (the benchmark's) or the per-prefix loss
-(every position predicts the product of its prefix; group tasks only), and
-at every evaluation records what the hardmax selects: for layer 0 (whose
-transition depends on the token only) the permutation P chosen per token,
-whether it is a bijection, how many distinct P the tokens map to, and the
-size of the permutation group the token P's generate.
+A diagnostic driver (issue 19, item 4; docs/RESULTS.md section 5.3): it
+builds the state-tracking config of experiments/configs/state_tracking.py
+from its flags (preset and model as given; --loss=prefix is
+``task.loss_on='prefix'``, --magnitude_init is ``model.magnitude_init``),
+trains through the one loop (``classification.train_state_tracking``) and,
+through the task's eval hook, records at every evaluation what the hardmax
+selects: for layer 0 (whose transition depends on the token only) the
+permutation P chosen per token, whether it is a bijection, how many distinct
+P the tokens map to, and the size of the permutation group the token P's
+generate. The diagnostics join the validation records of OUT/metrics.jsonl;
+OUT/summary.json (the loop's summary plus the run's settings) and
+OUT/best_params.pkl (best-validation parameters, from the checkpoint) are
+what experiments/pdssm_posthoc.py reads.
 
   python -m experiments.pdssm_groups --task=s3 --num_generators=2 \
     --model=pdssm_paper --preset=paper1 --N=16 --steps=2000 --out=DIR
@@ -23,26 +21,22 @@ size of the permutation group the token P's generate.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import pickle
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from ddlm_jax.data import state_tracking as st
 from ddlm_jax.models import sequence_classifier as sc
 from ddlm_jax.training import classification
-from ddlm_jax.training.optimizer import make_optimizer
 from experiments.configs import state_tracking as cfgs
 
 
-def parse():
+def parse(argv=None):
   a = argparse.ArgumentParser()
   a.add_argument('--task', default='s3')
   a.add_argument('--num_generators', type=int, default=0)
@@ -59,14 +53,15 @@ def parse():
   a.add_argument('--eval_every', type=int, default=250)
   a.add_argument('--seed', type=int, default=0)
   a.add_argument('--out', required=True)
-  return a.parse_args()
+  return a.parse_args(argv)
 
 
 def build_config(args):
-  cfg_task = args.task if args.task in cfgs.TASKS else 'a5'
-  c = cfgs.get_config(f'{args.model},{cfg_task},{args.preset}')
-  c.task.name = args.task
+  """The state-tracking config of the flags (0 / '' keep the preset's)."""
+  c = cfgs.get_config(f'{args.model},{args.task},{args.preset}')
   c.task.num_generators = args.num_generators
+  c.task.loss_on = args.loss
+  c.model.magnitude_init = args.magnitude_init
   c.seed = args.seed
   if args.N:
     c.model.d_model = c.model.state_size = args.N
@@ -80,6 +75,10 @@ def build_config(args):
     c.optim.learning_rate = args.lr
   if args.initial_state:
     c.model.initial_state = args.initial_state
+  if args.eval_every:
+    c.train.eval_every = args.eval_every
+  # A diagnostic run stops once validation is perfect (whatever the preset).
+  c.train.early_stop_accuracy = 1.0
   return c
 
 
@@ -164,169 +163,91 @@ def diagnose(model, vocab: int, val: dict) -> dict:
   return out
 
 
-def main():
-  args = parse()
-  os.makedirs(args.out, exist_ok=True)
-  c = build_config(args)
-  ccfg = classification.classifier_config(c)
-  if args.magnitude_init:
-    ccfg = dataclasses.replace(
-      ccfg,
-      mixer_kwargs=ccfg.mixer_kwargs
-      + (('magnitude_init', args.magnitude_init),),
-    )
-  group = st.task_spec(args.task).group is not None
-  if args.loss == 'prefix' and not group:
-    raise ValueError('--loss=prefix needs a group task.')
+def _header(args, c, ccfg) -> dict:
+  """The run's settings under the names pdssm_posthoc.py reads."""
+  model = nnx.eval_shape(lambda: sc.SequenceClassifier(ccfg, rngs=nnx.Rngs(0)))
+  mixer = getattr(model.blocks[0], 'mixer', None)
+  return dict(
+    task=args.task, k=args.num_generators, model=args.model,
+    preset=args.preset, N=ccfg.state_size, D=ccfg.d_model,
+    layers=ccfg.num_layers, K=ccfg.num_dict, batch=c.train.batch_size,
+    num_steps=c.train.num_steps, lr=c.optim.learning_rate,
+    loss=c.task.loss_on, seed=c.seed,
+    initial_state=getattr(mixer, 'initial_state', None),
+    init=getattr(mixer, 'init', 'default'),
+    magnitude_init=c.model.magnitude_init or None,
+    vocab=ccfg.vocab_size, classes=ccfg.num_classes,
+  )  # fmt: skip
+
+
+def diagnostics_hook(c, ccfg):
+  """The loop's eval hook: P_t diagnostics and train-length accuracy."""
+  graphdef, _, eval_step = classification.programs(
+    ccfg, bool(c.train.fast_compile)
+  )
   kw = dict(
-    num_generators=args.num_generators or None,
+    num_generators=c.task.num_generators or None,
     generator_seed=c.task.generator_seed,
   )
   lo, hi = c.task.train_lengths
   elo, ehi = c.task.eval_lengths
-  stream = st.stream_batches(
-    args.task,
-    c.train.batch_size,
-    seed=c.seed,
-    min_len=lo,
-    max_len=hi,
-    prefix_labels=group,
-    **kw,
-  )
+  # The validation split the loop scores (same seed and lengths), for the
+  # per-layer P count over a batch.
   val = st.make_split(
-    args.task, 'validation', c.task.num_validation, seed=c.seed,
+    c.task.name, 'validation', c.task.num_validation, seed=c.seed,
     min_len=elo, max_len=ehi, **kw,
   )  # fmt: skip
-  test = st.make_split(
-    args.task, 'test', c.task.num_test, seed=c.seed,
-    min_len=elo, max_len=ehi, **kw,
-  )  # fmt: skip
-  # Short-length validation (train lengths) to see fitting vs extrapolation.
+  # Short-length validation (train lengths): fitting vs extrapolation.
   val_short = st.make_split(
-    args.task, 'validation', 256, seed=c.seed + 1000, min_len=lo,
+    c.task.name, 'validation', 256, seed=c.seed + 1000, min_len=lo,
     max_len=hi, **kw,
   )  # fmt: skip
-  model = sc.SequenceClassifier(ccfg, rngs=nnx.Rngs(params=c.seed))
-  o = c.optim
-  steps = c.train.num_steps
-  tx, sched = make_optimizer(
-    learning_rate=o.learning_rate,
-    warmup_steps=int(o.warmup_fraction * steps),
-    total_steps=steps,
-    weight_decay=o.weight_decay,
-    b1=o.b1,
-    b2=o.b2,
-    grad_clip=o.grad_clip,
-    final_lr_fraction=o.final_lr_fraction,
-  )
-  graphdef, params = nnx.split(model, nnx.Param)
-  opt_state = tx.init(params)
-  prefix = args.loss == 'prefix'
 
-  def loss_fn(params, batch):
-    m = nnx.merge(graphdef, params)
-    if prefix:
-      logits = m.logits_all(batch['tokens'], batch['lengths'])
-      L = batch['tokens'].shape[1]
-      w = (jnp.arange(L)[None] < batch['lengths'][:, None]).astype(jnp.float32)
-      nll = optax.softmax_cross_entropy_with_integer_labels(
-        logits, batch['prefix_labels']
-      )
-      loss = (nll * w).sum() / w.sum()
-      last = jnp.take_along_axis(
-        logits, (batch['lengths'] - 1)[:, None, None], axis=1
-      )[:, 0]
-    else:
-      last = m(batch['tokens'], batch['lengths'])
-      loss = optax.softmax_cross_entropy_with_integer_labels(
-        last, batch['labels']
-      ).mean()
-    acc = (jnp.argmax(last, -1) == batch['labels']).mean()
-    return loss, acc
-
-  @jax.jit
-  def train_step(params, opt_state, batch):
-    (loss, acc), g = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
-    upd, opt_state = tx.update(g, opt_state, params)
-    return optax.apply_updates(params, upd), opt_state, loss, acc
-
-  @jax.jit
-  def eval_step(params, batch):
-    m = nnx.merge(graphdef, params)
-    logits = m(batch['tokens'], batch['lengths'])
-    return (jnp.argmax(logits, -1) == batch['labels']).astype(jnp.float32)
-
-  def evaluate(params, data, bs=64):
-    hits = []
-    n = len(data['labels'])
-    for s in range(0, n, bs):
-      idx = np.minimum(np.arange(s, s + bs), n - 1)
-      b = {
-        k: jnp.asarray(data[k][idx]) for k in ('tokens', 'lengths', 'labels')
-      }
-      hits.append(np.asarray(eval_step(params, b)))
-    return np.concatenate(hits)[:n]
-
-  log = open(os.path.join(args.out, 'metrics.jsonl'), 'w')
-  header = dict(
-    task=args.task, k=args.num_generators, model=args.model,
-    preset=args.preset, N=ccfg.state_size, D=ccfg.d_model,
-    layers=ccfg.num_layers, K=ccfg.num_dict, batch=c.train.batch_size,
-    steps=steps, lr=o.learning_rate, loss=args.loss, seed=c.seed,
-    initial_state=model.blocks[0].mixer.initial_state,
-    init=getattr(model.blocks[0].mixer, 'init', 'default'),
-    magnitude_init=args.magnitude_init or None,
-    vocab=ccfg.vocab_size, classes=ccfg.num_classes,
-  )  # fmt: skip
-  print(json.dumps(header), flush=True)
-  log.write(json.dumps({'header': header}) + '\n')
-  t0 = time.time()
-  best = (-1.0, 0, params)
-  win_loss, win_acc = [], []
-  for step in range(1, steps + 1):
-    batch = next(stream)
-    keys = ('tokens', 'lengths', 'labels') + (
-      ('prefix_labels',) if prefix else ()
+  def hook(params, step):
+    short = classification.evaluate(
+      eval_step, params, val_short, c.eval.batch_size
     )
-    b = {k: jnp.asarray(batch[k]) for k in keys}
-    params, opt_state, loss, acc = train_step(params, opt_state, b)
-    win_loss.append(float(loss))
-    win_acc.append(float(acc))
-    if step % args.eval_every == 0 or step == steps:
-      va = float(evaluate(params, val).mean())
-      vs = float(evaluate(params, val_short).mean())
-      diag = diagnose(nnx.merge(graphdef, params), ccfg.vocab_size, val)
-      rec = dict(
-        step=step, wall_s=round(time.time() - t0, 1),
-        train_loss=float(np.mean(win_loss)), train_acc=float(np.mean(win_acc)),
-        val_acc_40_256=va, val_acc_train_lengths=vs, lr=float(sched(step)),
-        diag=diag,
-      )  # fmt: skip
-      win_loss, win_acc = [], []
-      print(json.dumps(rec), flush=True)
-      log.write(json.dumps(rec) + '\n')
-      log.flush()
-      if va > best[0]:
-        best = (va, step, params)
-      if va >= 1.0:
-        break
+    diag = diagnose(nnx.merge(graphdef, params), ccfg.vocab_size, val)
+    print(
+      f'  step {step}: train-length acc {short["accuracy"]:.4f}; layer-0 '
+      f'distinct P {diag["distinct_P_over_tokens"]}/{diag["tokens"]}, '
+      f'bijective {diag["bijective"]}, orbit(e_0) {diag["orbit_e0"]}, '
+      f'group order {diag.get("orbit_group_order")}',
+      flush=True,
+    )
+    return {'accuracy_train_lengths': short['accuracy'], 'diag': diag}
+
+  return hook
+
+
+def main(argv=None):
+  args = parse(argv)
+  os.makedirs(args.out, exist_ok=True)
+  c = build_config(args)
+  ccfg = classification.classifier_config(c)
+  header = _header(args, c, ccfg)
+  print(json.dumps(header), flush=True)
+  summary = classification.train_state_tracking(
+    c, args.out, eval_hook=diagnostics_hook(c, ccfg)
+  )
+  # The best-validation parameters for pdssm_posthoc.py, from the
+  # checkpoint the loop wrote.
+  state = classification.restore_state(c, args.out)
+  best = jax.tree.map(np.asarray, classification.best_params(state))
   with open(os.path.join(args.out, 'best_params.pkl'), 'wb') as f:
-    pickle.dump(jax.tree.map(np.asarray, nnx.to_pure_dict(best[2])), f)
-  hit = evaluate(best[2], test)
-  hit_final = evaluate(params, test)
+    pickle.dump(best, f)
   summary = dict(
-    header,
-    steps_run=step,
-    wall_s=round(time.time() - t0, 1),
-    best_val=best[0],
-    best_step=best[1],
-    test_acc=float(hit.mean()),
-    test_acc_final=float(hit_final.mean()),
-    test_by_length=classification.accuracy_by_length(hit, test['lengths']),
+    summary,
+    **header,
+    steps_run=summary.get('steps'),
+    best_val=summary.get('best_val_accuracy'),
+    test_acc=summary.get('test_accuracy'),
+    test_acc_final=summary.get('test_accuracy_final'),
   )
   print(json.dumps(summary), flush=True)
   with open(os.path.join(args.out, 'summary.json'), 'w') as f:
     json.dump(summary, f, indent=1)
+  return summary
 
 
 if __name__ == '__main__':

@@ -22,26 +22,16 @@ from experiments import pdssm_groups as pg
 def main(run):
   with open(f'{run}/summary.json') as f:
     s = json.load(f)
-
-  class A:
-    pass
-
-  a = A()
-  a.task, a.num_generators, a.model, a.preset = (
-    s['task'], s['k'], s['model'], s['preset'],
-  )  # fmt: skip
-  a.N, a.layers, a.steps, a.batch, a.lr = s['N'], s['layers'], 0, 0, 0
-  a.initial_state, a.seed = '', s['seed']
+  # The run's flags, back from its summary (old and new drivers write them).
+  argv = [
+    f'--task={s["task"]}', f'--num_generators={s["k"]}',
+    f'--model={s["model"]}', f'--preset={s["preset"]}', f'--N={s["N"]}',
+    f'--layers={s["layers"]}', f'--seed={s["seed"]}', f'--out={run}',
+    f'--magnitude_init={s.get("magnitude_init") or 0.0}',
+  ]  # fmt: skip
+  a = pg.parse(argv)
   c = pg.build_config(a)
   ccfg = classification.classifier_config(c)
-  if s.get('magnitude_init'):
-    import dataclasses
-
-    ccfg = dataclasses.replace(
-      ccfg,
-      mixer_kwargs=ccfg.mixer_kwargs
-      + (('magnitude_init', s['magnitude_init']),),
-    )
   model = sc.SequenceClassifier(ccfg, rngs=nnx.Rngs(0))
   with open(f'{run}/best_params.pkl', 'rb') as f:
     params = pickle.load(f)

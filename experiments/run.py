@@ -22,6 +22,7 @@ from ddlm_jax.parallel import initialize_distributed
 from ddlm_jax.training.checkpoint import CheckpointSaveError
 from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
 from ddlm_jax.training.workdir_lock import WorkdirLockedError
+from experiments.flag_errors import parse_flags
 from experiments.modes import check_mode, run
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -61,26 +62,6 @@ def main(argv):
   print(result)
   if isinstance(result, dict) and 'preempted_at_step' in result:
     sys.exit(PREEMPTED_EXIT_CODE)
-
-
-def parse_flags(argv):
-  """absl's flag parsing, with a one-line error for a bad override.
-
-  A misspelt key (--config.model.widht=3) surfaces from ml-collections as
-  a chain of KeyError/AttributeError tracebacks around a good "Did you
-  mean" message; print that message alone (the traceback with
-  --verbosity).
-  """
-  try:
-    return flags.FLAGS(argv)
-  except (AttributeError, KeyError, flags.Error) as err:
-    if any(a.startswith(('--verbosity', '-v')) for a in argv[1:]):
-      raise
-    message = str(err.args[0] if err.args else err).strip('\'"')
-    for escaped, plain in (('\\n', ' '), ('\n', ' '), ("\\'", "'")):
-      message = message.replace(escaped, plain)
-    print(f'error: bad flag: {message}', file=sys.stderr)
-    sys.exit(2)
 
 
 if __name__ == '__main__':

@@ -15,7 +15,7 @@ bits/char, quality per T, mean +- std over seeds) and
 OUT/quality_vs_steps.png.
 
 --base=CONFIG.py runs the arms in another regime: every data, model,
-process and eval key in which that config (e.g.
+process and eval key, and train.batch_size, in which that config (e.g.
 experiments/configs/quickstart_bpe.py, the BPE quickstart) differs from
 experiments/configs/quickstart.py is set on each arm, so the arms keep
 their optimiser, steps and soft-masking settings and match the --init_from
@@ -60,9 +60,12 @@ def _train(config, workdir) -> dict:
   return train_and_evaluate(config, workdir)
 
 
-# Keys --base may carry over; optimiser, steps, soft_mask and the sampling
-# block (the sweep samples through sweep_samplers) stay the arm's.
+# Keys --base may carry over: these blocks and the training batch (it sets
+# the tokens per step with data.seq_len); optimiser, steps, soft_mask and
+# the sampling block (the sweep samples through sweep_samplers) stay the
+# arm's.
 BASE_BLOCKS = ('data', 'model', 'process', 'eval')
+BASE_KEYS = ('train.batch_size',)
 # What the --init_from network must share with the arms to warm-start them.
 MATCH_KEYS = (
   'data.tokenizer',
@@ -108,7 +111,7 @@ def base_overrides(base_path: str, preset: str) -> dict:
   return {
     k: v
     for k, v in base.items()
-    if k.split('.')[0] in BASE_BLOCKS and ref.get(k) != v
+    if (k.split('.')[0] in BASE_BLOCKS or k in BASE_KEYS) and ref.get(k) != v
   }
 
 

@@ -7,6 +7,7 @@ of one session (both xdist workers and the CLI subprocesses, which inherit
 the environment) reuse each other's compiled smoke programs.
 """
 
+import importlib.metadata
 import os
 import pathlib
 
@@ -14,14 +15,29 @@ import pytest
 
 _CACHE = pathlib.Path(__file__).resolve().parents[1] / '.jax_cache' / 'tests'
 
+
+def _jaxlib_minor() -> tuple[int, int]:
+  """(major, minor) of the installed jaxlib, read without importing jax."""
+  try:
+    parts = importlib.metadata.version('jaxlib').split('.')
+    return int(parts[0]), int(parts[1])
+  except (importlib.metadata.PackageNotFoundError, ValueError, IndexError):
+    return (0, 0)
+
+
 # Tests run tiny programs: XLA's cheapest CPU optimisation level compiles
-# them ~1.5x faster, and the numbers they check do not depend on it.
-os.environ.setdefault(
-  'XLA_FLAGS',
-  '--xla_force_host_platform_device_count=8 '
-  '--xla_backend_optimization_level=0 '
+# them ~1.5x faster, and the numbers they check do not depend on it. On
+# jaxlib 0.10 the legacy (non-MLIR) CPU fusion emitters compile the smoke
+# train step ~2x faster (3.4 s -> 1.7 s); jaxlib 0.12 removed the flag, and
+# XLA aborts on an unknown flag, so it is set only where it is known to exist.
+_FLAGS = [
+  '--xla_force_host_platform_device_count=8',
+  '--xla_backend_optimization_level=0',
   '--xla_llvm_disable_expensive_passes=true',
-)
+]
+if _jaxlib_minor() == (0, 10):
+  _FLAGS.append('--xla_cpu_use_fusion_emitters=false')
+os.environ.setdefault('XLA_FLAGS', ' '.join(_FLAGS))
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', str(_CACHE))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.3')

@@ -42,7 +42,7 @@ def _config(**overrides):
     ({'process.kind': 'mdml'}, "process.kind='mdml'"),
     ({'mesh.shape': (0, 1, 1)}, 'mesh.shape'),
     ({'data.seq_len': 0}, 'data.seq_len=0'),
-    ({'data.batch_size': -8}, 'data.batch_size=-8'),
+    ({'train.batch_size': -8}, 'train.batch_size=-8'),
     # Process families (issues 16, 17): a sampler that does not apply, a
     # uniform process without time conditioning, nonsense process options.
     ({'sample.sampler': 'uniform_ancestral'}, 'for a masked process use'),

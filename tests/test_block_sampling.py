@@ -398,3 +398,31 @@ def test_mix_scale_loss_is_the_block_loss_of_the_drawn_size():
     MixScaleBlockDiffusion(PROCESS, (2, 4), (0.5, 0.6))
   with pytest.raises(ValueError, match='one per size'):
     MixScaleBlockDiffusion(PROCESS, (2, 4), (1.0,))
+
+
+def test_eos_stop_takes_the_tokenizer_end_of_text_id(tmp_path):
+  """stop='eos' without eos_id: the run fills in its tokenizer's EOS id
+  (OWT's byte BPE has <|endoftext|>); a character tokenizer has none, and
+  the run refuses before training, naming the stops that work without."""
+  from ddlm_jax.training.config import ConfigError
+  from ddlm_jax.training.run import Run
+  from experiments.configs import bd3_owt, bd3_quickstart
+
+  c = bd3_owt.get_config('16,smoke')
+  c.data.cache_dir = str(tmp_path / 'cache')
+  c.mesh.shape = (1, 1, 1)
+  c.sample.sampler = 'block:stop=eos'
+  run = Run(c, str(tmp_path / 'owt'))
+  assert run.eos_id is not None
+  assert run.sampler.eos_id == run.eos_id == run.data.tokenizer.special_ids.eos
+  assert run.sampler.pad_token == run.eos_id
+  # A spec's own eos_id wins over the tokenizer's.
+  c.sample.sampler = 'block:stop=eos,eos_id=3'
+  assert Run(c, str(tmp_path / 'owt')).sampler.eos_id == 3
+
+  q = bd3_quickstart.get_config('16,smoke')
+  q.mesh.shape = (1, 1, 1)
+  q.sample.sampler = 'block:stop=eos'
+  with pytest.raises(ConfigError, match="needs eos_id.*stop='entropy'"):
+    Run(q, str(tmp_path / 'chars'))
+  assert not (tmp_path / 'chars' / 'checkpoints').exists()

@@ -415,7 +415,7 @@ def test_paper_config_documents_its_recipe(name):
   assert 'Sized for' in doc and 'steps' in doc
   full = module.get_config()
   assert full.train.num_steps == 1_000_000
-  assert full.data.batch_size == 512
+  assert full.train.batch_size == 512
   assert full.data.seq_len == {'text8': 256, 'lm1b': 128}.get(
     full.data.corpus, 1024
   )
@@ -428,8 +428,8 @@ def test_paper_smoke_presets_build_data_and_model(name, tmp_path):
   c = _config(name, cache_dir=str(tmp_path / 'cache'))
   assert c.data.data_dir.startswith(str(FIXTURES))
   data = builders.prepare_data(c.data, str(tmp_path / 'run'))
-  batch = next(builders.train_batches(c.data, data, c.seed))
-  assert batch['tokens'].shape == (c.data.batch_size, c.data.seq_len)
+  batch = next(builders.train_batches(c, data, c.seed))
+  assert batch['tokens'].shape == (c.train.batch_size, c.data.seq_len)
   assert ('loss_mask' in batch) == (c.data.packing == 'padded')
   assert batch['tokens'].max() < data.tokenizer.vocab_size
   ev = data.eval_batches(

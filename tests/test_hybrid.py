@@ -113,6 +113,7 @@ def test_hybrid_backbone_trains_end_to_end_on_the_quickstart_corpus(tmp_path):
       'mesh.shape': (1, 1, 1),
       'model.backbone': 'hybrid',
       'model.pattern': 'SA',
+      'model.depth': 2,  # One layer of each mixer.
       'model.state_size': 8,
       'model.num_dict': 2,
       # The sequential scan compiles in about half the time of the

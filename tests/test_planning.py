@@ -10,6 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from ddlm_jax.data import planning_tasks as pt
 from ddlm_jax.data import reasoning as rs
 from ddlm_jax.evaluation.cost import transformer_flops
 from ddlm_jax.planning import conditional, layout, pipelines, trainer
@@ -19,6 +20,7 @@ from experiments.configs import planner_executor as pe_config
 from experiments.configs.common import override
 
 P = 10  # fits level-5 plans
+ARITH = pt.get_task('arithmetic')
 TINY = ml_collections.ConfigDict(dict(width=16, depth=1, num_heads=2))
 
 
@@ -29,7 +31,7 @@ def tiny():
   # The head starts at zero; a random one makes every logit depend on input.
   kernel = executor.head.kernel
   kernel.value = jax.random.normal(jax.random.key(2), kernel.value.shape)
-  data = rs.make_split('test', rs.LEVELS, 2, seed=0, plan_len=P)
+  data = ARITH.make_split('test', rs.LEVELS, 2, seed=0, plan_len=P)
   return planner, executor, data
 
 
@@ -37,7 +39,7 @@ def test_conditional_loss_never_masks_the_question():
   x = jnp.asarray(
     layout.planner_sequence(
       *[
-        rs.make_split('train', (3,), 8, seed=0, plan_len=P)[k]
+        ARITH.make_split('train', (3,), 8, seed=0, plan_len=P)[k]
         for k in ('question', 'plan')
       ]
     )

@@ -9,6 +9,8 @@ pipelines end to end.
 
 from __future__ import annotations
 
+import hashlib
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -176,15 +178,22 @@ def test_deterministic_by_seed_and_splits_are_disjoint(name, splits):
   assert all(pt.split_of(k) == 'test' for k in keys['test'])
 
 
-def test_arithmetic_task_gives_reasoning_arrays():
+def test_arithmetic_task_arrays_are_the_recorded_ones():
+  """The arithmetic task's split and stream are the arrays reasoning.py
+  produced before the registry took them over (sha256 recorded then; numpy's
+  PCG64 streams are the same on every platform), so the planner tables of
+  docs/RESULTS.md section 8 stay reproducible."""
   task = pt.get_task('arithmetic')
   a = task.make_split('test', rs.LEVELS, 20, seed=3, plan_len=12)
-  b = rs.make_split('test', rs.LEVELS, 20, seed=3, plan_len=12)
-  s1 = next(task.stream_batches(16, (1, 2), seed=0, plan_len=4, start=5))
-  s2 = next(rs.stream_batches(16, (1, 2), seed=0, plan_len=4, start=5))
-  for x, y in ((a, b), (s1, s2)):
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k])
+  s = next(task.stream_batches(16, (1, 2), seed=0, plan_len=4, start=5))
+  h = hashlib.sha256()
+  for d in (a, s):
+    for k in sorted(d):
+      h.update(k.encode())
+      h.update(np.ascontiguousarray(d[k], np.int64).tobytes())
+  assert h.hexdigest() == (
+    '4fb32373f7460b68d59f39abba017f2b65ce97aa880166206cb7ded43db2b3b2'
+  )
   assert (task.vocab_size, task.pad_id, task.question_len) == (
     rs.VOCAB_SIZE,
     rs.PAD_ID,
@@ -292,8 +301,13 @@ def _cfg(task, causal):
 @pytest.mark.slow
 @pytest.mark.parametrize('name', NEW)
 def test_smoke_presets_of_every_pipeline_run_on_the_task(name, tmp_path):
+  """The four smoke presets through the trainer on Sudoku; on the other
+  tasks the latent preset alone, which trains all three stages (planner,
+  executor, projector) on the task's data. Every pipeline runs on every
+  task in the test above, with untrained models."""
   models = str(tmp_path / 'models')
-  for pipe in pipelines.PIPELINES:
+  pipes = pipelines.PIPELINES if name == 'sudoku4' else ('latent',)
+  for pipe in pipes:
     config = pe_config.get_config(f'{pipe},{name},smoke')
     config.models_dir = models
     out = trainer.run_planner_executor(config, str(tmp_path / pipe))

@@ -134,8 +134,9 @@ def test_soft_masking_base_moves_the_arms_to_the_bpe_regime(runs, tmp_path):
   delta = sweep_soft_masking.base_overrides(BPE_CONFIG, '')
   assert delta['data.tokenizer'] == 'bpe'
   assert delta['data.bpe_vocab_size'] == 2048
-  assert delta['data.seq_len'] == 48 and delta['data.batch_size'] == 64
-  assert not any(k.split('.')[0] in ('train', 'optim') for k in delta)
+  assert delta['data.seq_len'] == 48 and delta['train.batch_size'] == 64
+  moved = set(delta) - {'train.batch_size'}
+  assert not any(k.split('.')[0] in ('train', 'optim') for k in moved)
   assert 'sample.scorer' not in delta
   args = types.SimpleNamespace(base=BPE_CONFIG, preset='')
   arm = sweep_soft_masking.arm_config('sm', args)

@@ -7,11 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ddlm_jax.data import planning_tasks as pt
 from ddlm_jax.data import reasoning as rs
+
+# Splits and streams come from the task registry, like every planning task.
+ARITH = pt.get_task('arithmetic')
 
 
 def test_generated_answers_and_plans_match_independent_evaluator():
-  data = rs.make_split('test', rs.LEVELS, 60, seed=3, plan_len=12)
+  data = ARITH.make_split('test', rs.LEVELS, 60, seed=3, plan_len=12)
   assert rs.check_answers(data['question'], data['answer']).all()
   assert rs.plan_correct(data['question'], data['plan']).all()
   # The evaluator can fail: shifted answers and a corrupted plan are caught.
@@ -32,7 +36,7 @@ def test_evaluator_closed_forms():
 
 
 def test_levels_set_the_number_of_operations():
-  data = rs.make_split('train', (1, 3, 5), 20, seed=0, plan_len=10)
+  data = ARITH.make_split('train', (1, 3, 5), 20, seed=0, plan_len=10)
   for q, plan, level in zip(data['question'], data['plan'], data['level']):
     text = rs.decode(q)
     assert sum(ch in rs.OPS for ch in text) == level
@@ -42,16 +46,16 @@ def test_levels_set_the_number_of_operations():
 
 
 def test_deterministic_by_seed_and_split():
-  a = rs.make_split('test', (2, 4), 30, seed=1, plan_len=8)
-  b = rs.make_split('test', (2, 4), 30, seed=1, plan_len=8)
-  c = rs.make_split('validation', (2, 4), 30, seed=1, plan_len=8)
-  d = rs.make_split('test', (2, 4), 30, seed=2, plan_len=8)
+  a = ARITH.make_split('test', (2, 4), 30, seed=1, plan_len=8)
+  b = ARITH.make_split('test', (2, 4), 30, seed=1, plan_len=8)
+  c = ARITH.make_split('validation', (2, 4), 30, seed=1, plan_len=8)
+  d = ARITH.make_split('test', (2, 4), 30, seed=2, plan_len=8)
   for k in a:
     np.testing.assert_array_equal(a[k], b[k])
   assert not np.array_equal(a['question'], c['question'])
   assert not np.array_equal(a['question'], d['question'])
-  s1 = next(rs.stream_batches(16, (1, 2), seed=0, plan_len=4, start=5))
-  s2 = rs.stream_batches(16, (1, 2), seed=0, plan_len=4)
+  s1 = next(ARITH.stream_batches(16, (1, 2), seed=0, plan_len=4, start=5))
+  s2 = ARITH.stream_batches(16, (1, 2), seed=0, plan_len=4)
   for _ in range(5):
     next(s2)
   s2 = next(s2)
@@ -75,10 +79,10 @@ def test_encode_decode_roundtrip_and_evaluator(digits, data):
 
 def test_bad_arguments_raise():
   with pytest.raises(ValueError, match='plan_len'):
-    rs.make_split('test', (5,), 2, seed=0, plan_len=8)
+    ARITH.make_split('test', (5,), 2, seed=0, plan_len=8)
   with pytest.raises(ValueError, match='levels'):
-    rs.make_split('test', (6,), 2, seed=0, plan_len=16)
+    ARITH.make_split('test', (6,), 2, seed=0, plan_len=16)
   with pytest.raises(ValueError, match='split'):
-    rs.make_split('dev', (1,), 2, seed=0, plan_len=16)
+    ARITH.make_split('dev', (1,), 2, seed=0, plan_len=16)
   with pytest.raises(ValueError, match='vocabulary'):
     rs.encode('1/2')

@@ -117,7 +117,7 @@ def test_checkpoint_saved_on_one_mesh_restores_on_another(tmp_path):
   single.checkpointer.wait()
   c8 = quickstart.get_config('smoke')
   c8.mesh.shape = (2, 2, 2)
-  c8.data.batch_size = 8
+  c8.train.batch_size = 8
   sharded = loop.Run(c8, workdir)
   assert sharded.restore() == 3
   kernel = sharded.state.params['blocks'][0]['mlp']['up']['kernel']

@@ -132,6 +132,7 @@ def test_soft_masking_wraps_the_hybrid_ssm_backbone():
 
   c = sm_continue.get_config('sm,smoke')
   c.model.backbone, c.model.pattern, c.model.state_size = 'hybrid', 'AS', 8
+  c.model.depth = 2
   c.model.scan_impl = 'reference'  # Compiles faster; same numbers.
   process = builders.build_process(c.process, V, c.soft_mask)
   model = builders.model_builder(c.model, process, c.soft_mask)(nnx.Rngs(0))

@@ -215,7 +215,7 @@ def test_seq_len_longer_than_split_is_a_clear_error(tmp_path):
 
 
 def test_batch_not_divisible_by_mesh_is_a_clear_error(tmp_path):
-  c = _config(**{'data.batch_size': 6, 'mesh.shape': (4, 1, -1)})
+  c = _config(**{'train.batch_size': 6, 'mesh.shape': (4, 1, -1)})
   with pytest.raises(ValueError, match='divisible'):
     loop.train_and_evaluate(c, str(tmp_path))
 

@@ -17,9 +17,10 @@ PAD (`VOCAB`). `|` and `=` are separators of the executor's layout. Questions
 are right-padded with PAD to `QUESTION_LEN` (level 5 fills it), plans to a
 caller-chosen length >= 2 k.
 
-Seeding: every (seed, split, level) triple has its own numpy Generator built
-from SeedSequence([seed, split_id, level]); the same call gives the same
-arrays, and train / validation / test draw different streams.
+`generate(num, level, rng, plan_len)` draws problems from a numpy
+Generator; splits, seeding and training streams are the task registry's
+(`planning_tasks.ARITHMETIC.make_split` / `.stream_batches`), shared with
+the other planning tasks.
 
 `evaluate_question` is the independent evaluator: it parses the question
 string and evaluates it with exact Python integers, reducing modulo 10 only
@@ -29,7 +30,7 @@ shares no arithmetic code with the generator.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -49,8 +50,6 @@ TRAIN_LEVELS = LEVELS[:-1]
 HELDOUT_LEVEL = MAX_LEVEL
 PLAN_LEN = 16  # the configs' default plan field (level 5 needs 10)
 QUESTION_LEN = 2 * MAX_LEVEL + 1
-SPLITS = ('train', 'validation', 'test')
-_SPLIT_IDS = {s: i for i, s in enumerate(SPLITS)}
 
 
 def plan_tokens_needed(level: int) -> int:
@@ -72,14 +71,6 @@ def _check_plan_len(plan_len: int, levels: Sequence[int]) -> None:
       f'plan_len={plan_len} is too short for level {max(levels)} plans '
       f'({need} tokens); use plan_len >= {need}.'
     )
-
-
-def _rng(seed: int, split: str, level: int) -> np.random.Generator:
-  if split not in _SPLIT_IDS:
-    raise ValueError(f'split={split!r}; choose one of {SPLITS}.')
-  return np.random.default_rng(
-    np.random.SeedSequence([int(seed), _SPLIT_IDS[split], int(level)])
-  )
 
 
 def _solve(operands_NxK1: np.ndarray, ops_NxK: np.ndarray) -> np.ndarray:
@@ -116,53 +107,6 @@ def generate(
     'answer': results[:, -1].astype(np.int32),
     'level': np.full((num,), level, np.int32),
   }
-
-
-def make_split(
-  split: str,
-  levels: Sequence[int],
-  num_per_level: int,
-  *,
-  seed: int,
-  plan_len: int,
-) -> dict[str, np.ndarray]:
-  """A fixed set: `num_per_level` problems of each level, level-major."""
-  levels = _check_levels(levels)
-  if num_per_level < 1:
-    raise ValueError(f'num_per_level must be >= 1, got {num_per_level}.')
-  parts = [
-    generate(num_per_level, v, _rng(seed, split, v), plan_len) for v in levels
-  ]
-  return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-
-def stream_batches(
-  batch: int,
-  levels: Sequence[int],
-  *,
-  seed: int,
-  plan_len: int,
-  split: str = 'train',
-  start: int = 0,
-) -> Iterator[dict[str, np.ndarray]]:
-  """Endless fresh batches; levels uniform; batch i depends on (seed, i)."""
-  levels = _check_levels(levels)
-  _check_plan_len(plan_len, levels)
-  step = start
-  while True:
-    rng = np.random.default_rng(
-      np.random.SeedSequence([int(seed), _SPLIT_IDS[split], 99, step])
-    )
-    lv = rng.choice(np.asarray(levels), batch)
-    parts = [
-      generate(int(np.sum(lv == v)), v, rng, plan_len)
-      for v in levels
-      if np.any(lv == v)
-    ]
-    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    order = rng.permutation(batch)
-    yield {k: v[order] for k, v in out.items()}
-    step += 1
 
 
 def decode(tokens: Sequence[int]) -> str:

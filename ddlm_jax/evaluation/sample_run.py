@@ -98,7 +98,9 @@ def draw_samples(
     name, steps = 'autoregressive', length
   else:
     if sampler is None:
-      sampler = sampler_from_config(run.config.sample)
+      sampler = sampler_from_config(
+        run.config.sample, eos_id=getattr(run, 'eos_id', None)
+      )
     check_time_free(sampler, run.config.model.time_conditioning)
     if sampler.num_models == 2:
       if light_run is None:

@@ -3,7 +3,9 @@
 tokens_BxL -> embedding -> num_layers x SSMBlock(mixer) -> final RMSNorm ->
 the hidden state of the last real token (index ``lengths - 1``) -> linear
 head -> logits_BxC. Loss and accuracy are on that token only, as in the
-PD-SSM paper.
+PD-SSM paper; ``logits_all`` and ``prefix_metrics`` give the per-prefix
+loss of the group word problems (every position predicts its prefix's
+product).
 
 Mixers come from the ``MIXERS`` registry: 'pdssm', 'complex_diag',
 'selective_diag', 'lstm' and 'transformer' are built in. HOOK for other
@@ -274,3 +276,31 @@ def classification_metrics(
   ).mean()
   acc = (jnp.argmax(logits_BxC, -1) == labels_B).mean()
   return loss, acc
+
+
+def prefix_metrics(
+  logits_BxLxC: jax.Array,
+  prefix_labels_BxL: jax.Array,
+  lengths_B: jax.Array,
+  labels_B: jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(per-prefix loss, last-token accuracy, per-prefix accuracy).
+
+  Every real position t predicts the label of the prefix x_1..x_t; the loss
+  and the prefix accuracy are means over real positions (padding, at and
+  after ``lengths``, does not count). The last-token accuracy reads the
+  same logits at ``lengths - 1``, as ``SequenceClassifier.__call__`` does,
+  so it compares with the last-token loss's accuracy.
+  """
+  L = logits_BxLxC.shape[1]
+  w_BxL = (jnp.arange(L)[None, :] < lengths_B[:, None]).astype(jnp.float32)
+  total = jnp.maximum(w_BxL.sum(), 1.0)
+  nll_BxL = optax.softmax_cross_entropy_with_integer_labels(
+    logits_BxLxC, prefix_labels_BxL
+  )
+  loss = (nll_BxL * w_BxL).sum() / total
+  pred_BxL = jnp.argmax(logits_BxLxC, -1)
+  prefix_acc = ((pred_BxL == prefix_labels_BxL) * w_BxL).sum() / total
+  last_B = jnp.clip(lengths_B - 1, 0, L - 1)
+  pred_B = jnp.take_along_axis(pred_BxL, last_B[:, None], axis=1)[:, 0]
+  return loss, (pred_B == labels_B).mean(), prefix_acc

@@ -44,7 +44,11 @@ from ddlm_jax.planning import models as pm
 from ddlm_jax.sampling.registry import get_sampler, parse_spec, sampler_params
 from ddlm_jax.training import config as config_lib
 from ddlm_jax.training import metrics
-from ddlm_jax.training.config import TrainerConfig, check_range
+from ddlm_jax.training.config import (
+  TrainerConfig,
+  check_range,
+  check_renamed_keys,
+)
 from ddlm_jax.training.fit import Task, fit
 from ddlm_jax.training.workdir_lock import WorkdirLock
 
@@ -56,6 +60,8 @@ NEEDS = {
   'latent': ('planner', 'text'),
 }
 _FAST_COMPILE = pipelines.FAST_COMPILE
+# The per-stage train blocks: each has num_steps, batch_size, learning_rate.
+STAGE_BLOCKS = ('planner', 'executor', 'latent')
 
 
 def task_of(config) -> PlanningTask:
@@ -102,10 +108,11 @@ def check_config(config) -> None:
       f'reasoning.plan_len={t.plan_len} cannot hold a level '
       f'{top} plan of task {task.name!r} ({need} tokens); raise it.'
     )
-  for block in ('planner', 'executor', 'latent'):
+  check_renamed_keys(config)  # A config file older than a key's rename.
+  for block in STAGE_BLOCKS:
     b = config[block]
-    if b.steps < 1 or b.batch_size < 1:
-      raise ValueError(f'{block}.steps and {block}.batch_size must be >= 1.')
+    check_range(f'{block}.num_steps', b.num_steps, lo=1, integer=True)
+    check_range(f'{block}.batch_size', b.batch_size, lo=1, integer=True)
     stage_trainer_config(config, block)  # Ranges, before any stage runs.
   if t.num_test_per_level < 1 or config.eval.batch_size < 1:
     raise ValueError(
@@ -236,11 +243,12 @@ def projector_loss(
 
 
 def num_steps(config, block) -> int:
-  """A block's steps, capped by config.train.max_stage_steps when > 0."""
+  """A block's num_steps, capped by train.max_stage_steps when > 0."""
   cap = check_range(
     'train.max_stage_steps', config.train.max_stage_steps, lo=0, integer=True
   )
-  return min(int(block.steps), cap) if cap > 0 else int(block.steps)
+  steps = int(block.num_steps)
+  return min(steps, cap) if cap > 0 else steps
 
 
 def stage_trainer_config(config, block_key: str) -> TrainerConfig:
@@ -298,7 +306,7 @@ def train(
     batches: batches(start_step) -> iterator of host batches.
     config: the full config (optim, train blocks).
     block_key: the stage's block ('planner', 'executor', 'latent'):
-      steps, learning rate, batch size.
+      num_steps, learning rate, batch size.
 
   Returns:
     The trained parameters; raises StageNotFinishedError when the stage halted

@@ -100,13 +100,14 @@ def parse_spec(spec: str) -> tuple[str, dict]:
   return name, params
 
 
-def sampler_from_config(sample_cfg) -> Sampler:
+def sampler_from_config(sample_cfg, *, eos_id: int | None = None) -> Sampler:
   """The sampler of a config's `sample` block.
 
   `sample.sampler` is a name or a spec string; `sample.params` (a dict)
   and the spec's parameters override the block's shared keys (steps ->
   num_steps, use_cache, temperature, top_k, top_p) where the sampler takes
-  them.
+  them. `eos_id` (the run tokenizer's end-of-text id) fills the `eos_id`
+  of samplers that stop at EOS (block, did) unless the config sets one.
   """
   get = sample_cfg.get if hasattr(sample_cfg, 'get') else sample_cfg.__getitem__
   name, spec_params = parse_spec(get('sampler', 'ancestral') or 'ancestral')
@@ -119,6 +120,7 @@ def sampler_from_config(sample_cfg) -> Sampler:
     'temperature': get('temperature', None),
     'top_k': get('top_k', None),
     'top_p': get('top_p', None),
+    'eos_id': eos_id,
   }
   allowed = sampler_params(name)
   merged = {k: v for k, v in shared.items() if v is not None and k in allowed}

@@ -336,16 +336,22 @@ def prepare_data(cfg, workdir: str | None) -> Data:
   return Data(tokenizer=tok, splits=splits)
 
 
-def train_batches(cfg, data: Data, seed: int):
-  """The checkpointable training iterator for this process."""
+def train_batches(config, data: Data, seed: int):
+  """The checkpointable training iterator for this process.
+
+  `config` is the run's whole config: the global batch is
+  `train.batch_size` (this process reads its share), the rows
+  `data.seq_len` tokens long.
+  """
   count = jax.process_count()
-  if cfg.batch_size % count:
+  batch, cfg = config.train.batch_size, config.data
+  if batch % count:
     raise ValueError(
-      f'data.batch_size={cfg.batch_size} must divide across {count} processes.'
+      f'train.batch_size={batch} must divide across {count} processes.'
     )
   kwargs = dict(
     seq_len=cfg.seq_len,
-    batch_size=cfg.batch_size // count,
+    batch_size=batch // count,
     seed=seed,
     shard_index=jax.process_index(),
     shard_count=count,

@@ -1,13 +1,24 @@
 """The state-tracking benchmark (PD-SSM paper, Table 2) as a loop task.
 
 ``train_state_tracking(config, workdir)`` trains a ``SequenceClassifier`` on
-one task of ``ddlm_jax.data.state_tracking`` with the last-token loss
-through the one loop (``training.fit``): AdamW (warmup then cosine),
+one task of ``ddlm_jax.data.state_tracking`` (the benchmark's ``TASKS`` or
+the diagnostic ``GROUP_TASKS`` such as 's3') through the one loop
+(``training.fit``): AdamW (warmup then cosine),
 periodic validation at long lengths and a final TEST accuracy at test
 lengths. The workdir gets
 config.json, metrics.jsonl, summary.json and orbax checkpoints; a restarted
 run resumes from the newest checkpoint and replays the data stream to the
 same position, so it continues exactly where it stopped.
+
+Loss positions (``task.loss_on``): 'last' (default) is the benchmark's
+loss on the last real token; 'prefix' (group tasks only) makes every real
+position t predict the product of the prefix x_1..x_t, the per-token
+supervision of the Merrill et al. / Walker et al. A5 data, averaged over
+real positions (micro-batches weighted by their real tokens). The logged
+train 'acc' stays the last-token accuracy either way, so tables compare;
+'prefix' adds 'prefix_acc'. Model options ``model.init`` and
+``model.magnitude_init`` ('' / 0 = the mixer's default) reach the SSM
+mixers through ``classifier_config``.
 
 Model selection: the task's after-eval hook keeps the parameters with the
 best validation accuracy in state.extra (validation uses the test lengths
@@ -35,7 +46,7 @@ from ddlm_jax.models import sequence_classifier as sc
 from ddlm_jax.models import ssm
 from ddlm_jax.training import config as config_lib
 from ddlm_jax.training import metrics
-from ddlm_jax.training.config import TrainerConfig, check_range
+from ddlm_jax.training.config import ConfigError, TrainerConfig, check_range
 from ddlm_jax.training.fit import (
   FAST_COMPILE,
   FitResult,
@@ -44,6 +55,72 @@ from ddlm_jax.training.fit import (
   fit,
   restore_newest,
 )
+from ddlm_jax.training.steps import batch_size_weight
+
+# task.loss_on: the positions the loss reads.
+LOSS_ON = ('last', 'prefix')
+# Every task name a config may use: the benchmark's and the diagnostic ones.
+ALL_TASKS = {**st.TASKS, **st.GROUP_TASKS}
+# Mixers built from ssm.SSMMixer, which take model.init / magnitude_init.
+_SSM_MIXERS = (*ssm.MODES, 'pdssm_paper')
+# Mixers whose transition has a learned magnitude |D| (magnitude_init).
+_MAGNITUDE_MIXERS = ('pdssm', 'complex_diag', 'pdssm_paper')
+
+
+def loss_on(config) -> str:
+  """config.task.loss_on, checked ('last' for configs saved without it)."""
+  value = config.task.get('loss_on', 'last')
+  if value not in LOSS_ON:
+    raise ConfigError(
+      f'task.loss_on={value!r}: choose one of {LOSS_ON} (set '
+      '--config.task.loss_on).'
+    )
+  if value == 'prefix' and st.task_spec(config.task.name).group is None:
+    raise ConfigError(
+      f"task.loss_on='prefix' needs a group task (a prefix label is "
+      f'defined only for {sorted(n for n, s in ALL_TASKS.items() if s.group)}'
+      f"); task.name={config.task.name!r}: use task.loss_on='last'."
+    )
+  return value
+
+
+def _model_options(m) -> dict:
+  """Checked SSMMixer options model.init / model.magnitude_init as kwargs.
+
+  '' / 0 leave the mixer's own default (for 'pdssm_paper': the authors'
+  init), so configs saved without the keys build the same model.
+  """
+  init = m.get('init', '')
+  mag = m.get('magnitude_init', 0.0)
+  if init and init not in ssm.INITS:
+    raise ConfigError(
+      f"model.init={init!r}: choose '' (the mixer's default) or one of "
+      f'{ssm.INITS}.'
+    )
+  if isinstance(mag, bool) or not isinstance(mag, (int, float)):
+    raise ConfigError(f'model.magnitude_init={mag!r}: must be a number.')
+  if mag and not 0.0 < mag < 1.0:
+    raise ConfigError(
+      f'model.magnitude_init={mag!r}: must be 0 (the default init) or in '
+      '(0, 1), the initial |D_t|.'
+    )
+  if init and m.mixer not in _SSM_MIXERS:
+    raise ConfigError(
+      f'model.init={init!r} applies to the SSM mixers {_SSM_MIXERS}, not '
+      f"model.mixer={m.mixer!r}; set model.init=''."
+    )
+  if mag and m.mixer not in _MAGNITUDE_MIXERS:
+    raise ConfigError(
+      f'model.magnitude_init={mag!r} applies to the mixers '
+      f'{_MAGNITUDE_MIXERS} (a learned |D|), not model.mixer={m.mixer!r}; '
+      'set model.magnitude_init=0.'
+    )
+  out = {}
+  if init:
+    out['init'] = init
+  if mag:
+    out['magnitude_init'] = float(mag)
+  return out
 
 
 def _task_kwargs(config) -> dict:
@@ -65,6 +142,7 @@ def classifier_config(config) -> sc.ClassifierConfig:
     extra['num_heads'] = m.num_heads
   elif m.mixer in ssm.MODES:
     extra['initial_state'] = m.get('initial_state', 'zeros')
+  extra.update(_model_options(m))
   return sc.ClassifierConfig(
     vocab_size=vocab,
     num_classes=classes,
@@ -85,6 +163,8 @@ def _train_stream(config, seed: int):
   lo, hi = t.train_lengths
   batch = config.train.batch_size
   kw = _task_kwargs(config)
+  if loss_on(config) == 'prefix':
+    kw['prefix_labels'] = True
   if t.num_train <= 0:
     return st.stream_batches(
       t.name, batch, seed=seed, min_len=lo, max_len=hi, **kw
@@ -110,9 +190,10 @@ def _eval_split(config, split: str, num: int, seed: int) -> dict:
 
 def _check_config(config) -> None:
   t, tr = config.task, config.train
-  if t.name not in st.TASKS:
+  if t.name not in ALL_TASKS:
     raise ValueError(
-      f'config.task.name={t.name!r}; choose one of {sorted(st.TASKS)}.'
+      f'config.task.name={t.name!r}; choose one of {sorted(st.TASKS)} or '
+      f'the diagnostic group tasks {sorted(st.GROUP_TASKS)}.'
     )
   if config.model.mixer not in sc.MIXERS:
     raise ValueError(
@@ -130,11 +211,32 @@ def _check_config(config) -> None:
     )
   if min(t.num_validation, t.num_test) < 1:
     raise ValueError('task.num_validation and task.num_test must be >= 1.')
+  loss_on(config)
+  _model_options(config.model)
 
 
-def _loss_acc(model, batch):
-  logits = model(batch['tokens'], batch['lengths'])
-  return sc.classification_metrics(logits, batch['labels'])
+def _loss_fn(graphdef, on: str):
+  """The task's loss: last-token, or mean over real positions ('prefix')."""
+
+  def loss(params, key, batch):
+    del key
+    model = nnx.merge(graphdef, params)
+    if on == 'prefix':
+      logits = model.logits_all(batch['tokens'], batch['lengths'])
+      value, acc, prefix_acc = sc.prefix_metrics(
+        logits, batch['prefix_labels'], batch['lengths'], batch['labels']
+      )
+      return value, {'acc': acc, 'prefix_acc': prefix_acc}
+    logits = model(batch['tokens'], batch['lengths'])
+    value, acc = sc.classification_metrics(logits, batch['labels'])
+    return value, {'acc': acc}
+
+  return loss
+
+
+def _real_positions(batch) -> jax.Array:
+  """A micro-batch's weight under the prefix loss: its real positions."""
+  return jnp.maximum(batch['lengths'].sum(), 1).astype(jnp.float32)
 
 
 def make_eval_step(graphdef):
@@ -199,7 +301,7 @@ def accuracy_by_length(
 
 
 @functools.lru_cache(maxsize=8)
-def _programs(ccfg: sc.ClassifierConfig, fast_compile: bool):
+def programs(ccfg: sc.ClassifierConfig, fast_compile: bool):
   """(graphdef, init(key) -> params, jitted eval_step) of a model config.
 
   Cached on the model config, so seeds of a sweep and restarts in one
@@ -287,25 +389,33 @@ def _init_extra(params):
   }
 
 
-def state_tracking_task(config) -> Task:
-  """One (model, task, seed) run of the benchmark as a loop task."""
+def state_tracking_task(config, *, eval_hook=None) -> Task:
+  """One (model, task, seed) run of the benchmark as a loop task.
+
+  ``eval_hook(params, step) -> dict``, when given, runs at every
+  evaluation; its entries join the validation record of metrics.jsonl
+  (diagnostics such as ``experiments/pdssm_groups.py``'s P_t analysis).
+  """
   _check_config(config)
   ccfg = classifier_config(config)
   tr, seed = config.train, config.seed
-  graphdef, init, eval_step = _programs(ccfg, bool(tr.fast_compile))
+  on = loss_on(config)
+  graphdef, init, eval_step = programs(ccfg, bool(tr.fast_compile))
   val = _eval_split(config, 'validation', config.task.num_validation, seed)
   batch = config.eval.batch_size
 
-  def loss(params, key, batch):
-    del key
-    loss, acc = _loss_acc(nnx.merge(graphdef, params), batch)
-    return loss, {'acc': acc}
+  def validate(params, step):
+    res = evaluate(eval_step, params, val, batch)
+    if eval_hook is not None:
+      res.update(eval_hook(params, step))
+    return res
 
   def summary(result: FitResult) -> dict:
     state, extra = result.state, result.state.extra
     out = {
       'model': config.model.mixer,
       'task': config.task.name,
+      'loss_on': on,
       'seed': seed,
       'best_val_accuracy': float(extra['best_val_acc']),
       'best_step': int(extra['best_step']),
@@ -340,23 +450,24 @@ def state_tracking_task(config) -> Task:
   return Task(
     name=f'{config.model.mixer} on {config.task.name}',
     init=init,
-    loss=loss,
+    loss=_loss_fn(graphdef, on),
     batches=lambda start: itertools.islice(
       _train_stream(config, seed), start, None
     ),
-    evaluate=lambda params, step: evaluate(eval_step, params, val, batch),
+    evaluate=validate,
     after_eval=_keep_best(float(tr.get('early_stop_accuracy', 0.0))),
     summary=summary,
     init_extra=_init_extra,
+    weight=_real_positions if on == 'prefix' else batch_size_weight,
     tokens_per_step=tr.batch_size * config.task.train_lengths[1],
-    shown=('loss', 'acc'),
+    shown=('loss', 'acc', 'prefix_acc'),
     log_window_mean=True,
     header=(
       f'{config.model.mixer} on {config.task.name} (seed {seed}): '
       f'{ccfg.d_model=} {ccfg.state_size=} {ccfg.num_layers=}, '
-      f'{tr.num_steps} steps of {tr.batch_size}'
+      f'{tr.num_steps} steps of {tr.batch_size}, loss on {on}'
     ),
-    cache_key=('state_tracking', ccfg),
+    cache_key=('state_tracking', ccfg, on),
   )
 
 
@@ -369,7 +480,7 @@ def restore_state(config, workdir: str):
 
 def score_best(config, state) -> tuple[dict, dict]:
   """(per-sequence test scores of the best parameters, the test split)."""
-  _, _, eval_step = _programs(
+  _, _, eval_step = programs(
     classifier_config(config), bool(config.train.fast_compile)
   )
   test = _eval_split(config, 'test', config.task.num_test, config.seed)
@@ -400,12 +511,14 @@ def evaluate_checkpoint(config, workdir: str) -> dict:
   return out
 
 
-def train_state_tracking(config, workdir: str) -> dict:
+def train_state_tracking(config, workdir: str, *, eval_hook=None) -> dict:
   """Trains and tests one (model, task, seed) run; returns the summary.
 
   Args:
     config: ConfigDict from ``experiments/configs/state_tracking.py``.
     workdir: output folder (created); an existing run there is resumed.
+    eval_hook: optional (params, step) -> dict joined to every validation
+      record (see ``state_tracking_task``).
 
   Returns:
     The summary dict also written to workdir/summary.json: test and best
@@ -413,7 +526,7 @@ def train_state_tracking(config, workdir: str) -> dict:
     'nan': a non-finite step stopped the run, which is then tested with
     the last finite parameters, so a sweep goes on).
   """
-  task = state_tracking_task(config)
+  task = state_tracking_task(config, eval_hook=eval_hook)
   cfg = trainer_config(config)
   try:
     return fit(task, cfg, workdir, config_record=config.to_dict())

@@ -195,3 +195,68 @@ def trainer_config(*, prefix: str = 'train', **fields) -> TrainerConfig:
       )
     fields['mesh_shape'] = shape
   return TrainerConfig(prefix=prefix, **fields)
+
+
+# Config keys renamed since runs were saved: old dotted key -> new key, the
+# same setting and value. load_config moves an old key of a saved run; a
+# config or override that still spells one is refused naming the new key
+# (experiments/run.py does the same for --config.OLD=... flags).
+RENAMED_KEYS = {
+  'data.batch_size': 'train.batch_size',  # The global training batch.
+  'planner.steps': 'planner.num_steps',  # Planner/executor stage lengths.
+  'executor.steps': 'executor.num_steps',
+  'latent.steps': 'latent.num_steps',
+}
+
+
+def renamed_key_message(old: str) -> str:
+  """The one-line refusal of a renamed config key."""
+  new = RENAMED_KEYS[old]
+  return (
+    f'config key {old} was renamed {new} (the same setting); use '
+    f'--config.{new}=... or set {new} in the config.'
+  )
+
+
+def _block(config, key: str):
+  """(block holding a dotted key's leaf or None, leaf name)."""
+  *parents, leaf = key.split('.')
+  node = config
+  for name in parents:
+    node = node.get(name) if hasattr(node, 'get') else None
+    if node is None:
+      return None, leaf
+  return (node if hasattr(node, 'get') else None), leaf
+
+
+def check_renamed_keys(config, overrides: dict | None = None):
+  """ConfigError naming the new key if a config or override has an old one."""
+  for old in RENAMED_KEYS:
+    block, leaf = _block(config, old)
+    if old in (overrides or {}) or (block is not None and leaf in block):
+      raise ConfigError(renamed_key_message(old))
+
+
+def migrate_config(saved: dict) -> dict:
+  """A saved config (nested dicts) with renamed keys moved to their new names.
+
+  In place; returns it. An old key moves when its new key is absent; a run
+  saved with both keeps the new one if they agree and is refused if not
+  (which of the two it trained with cannot be told).
+  """
+  for old, new in RENAMED_KEYS.items():
+    block, leaf = _block(saved, old)
+    if block is None or leaf not in block:
+      continue
+    value = block.pop(leaf)
+    target, new_leaf = _block(saved, new)
+    if target is None:
+      apply_overrides(saved, {new: value}, create_blocks=True)
+    elif new_leaf not in target:
+      target[new_leaf] = value
+    elif target[new_leaf] != value:
+      raise ConfigError(
+        f'the saved config has {old}={value!r} and {new}='
+        f'{target[new_leaf]!r}; {old} was renamed {new}: keep one value.'
+      )
+  return saved

@@ -26,9 +26,12 @@ from ddlm_jax.sampling.registry import sampler_from_config
 from ddlm_jax.training import builders, fit, steps, warm_start
 from ddlm_jax.training.checkpoint import Checkpointer, no_checkpoint
 from ddlm_jax.training.config import (
+  RENAMED_KEYS,  # noqa: F401  (re-exported: run.RENAMED_KEYS)
   ConfigError,
   apply_overrides,
   check_range,
+  check_renamed_keys,
+  migrate_config,
   optimizer_config,
   trainer_config,
   warmup_steps,
@@ -76,12 +79,27 @@ def lm_trainer_config(config) -> fit.TrainerConfig:
   )
 
 
-def check_sample_config(sample, process, time_conditioning: bool = False):
+# Stands in for the tokenizer's end-of-text id while a config is checked
+# before its tokenizer exists; Run checks again with the real id.
+_EOS_STAND_IN = 0
+
+
+def tokenizer_eos_id(tokenizer) -> int | None:
+  """The end-of-text id of a tokenizer (None: it has none, e.g. chars)."""
+  special = getattr(tokenizer, 'special_ids', None)
+  return None if special is None else special.eos
+
+
+def check_sample_config(
+  sample, process, time_conditioning: bool = False, *, eos_id=_EOS_STAND_IN
+):
   """The sampler of a config's `sample` block, built and checked (or None).
 
   Runs before training, so a typo in a sampler spec, or a sampler that does
   not apply to the process's family, costs nothing. `process` may be a
   stand-in (builders.check_process_config) with the run's settings.
+  `eos_id` is the tokenizer's end-of-text id, given to samplers that stop
+  at EOS when the spec names none (a stand-in before the tokenizer exists).
   """
   causal = bool(getattr(process, 'causal', False))
   num = check_range(
@@ -108,8 +126,8 @@ def check_sample_config(sample, process, time_conditioning: bool = False):
         "takes no diffusion sampler; leave sample.sampler='ancestral'."
       )
     return None
-  sampler = sampler_from_config(sample)
   try:
+    sampler = sampler_from_config(sample, eos_id=eos_id)
     sampler.check_applies(process)
     check_time_free(sampler, time_conditioning)
   except (ValueError, TypeError) as err:
@@ -133,6 +151,7 @@ class Run:
   """Everything built from a config that train, eval and sample share."""
 
   def __init__(self, config, workdir: str):
+    check_renamed_keys(config)  # A config file older than a key's rename.
     self.config = config
     self.workdir = workdir
     self.trainer_config = lm_trainer_config(config)
@@ -140,7 +159,7 @@ class Run:
     soft_mask = config.get('soft_mask')
     self.init_from = config.train.get('init_from', '')
     self.mesh = make_mesh(self.trainer_config.mesh_shape)
-    self._check_batch(config.data.batch_size, 'data.batch_size')
+    self._check_batch(config.train.batch_size, 'train.batch_size')
     self._check_batch(config.eval.batch_size, 'eval.batch_size')
     # Everything checkable without data is checked before anything is
     # written (the tokenizer is the first file a new run writes).
@@ -158,6 +177,14 @@ class Run:
     self.process = builders.build_process(
       config.process, self.data.tokenizer.vocab_size, soft_mask
     )
+    self.eos_id = tokenizer_eos_id(self.data.tokenizer)
+    if self.sampler is not None:  # Again, with the tokenizer's own EOS id.
+      self.sampler = check_sample_config(
+        config.sample,
+        self.process,
+        config.model.get('time_conditioning', False),
+        eos_id=self.eos_id,
+      )
     self.model_config = builders.model_config(config.model, self.process)
     self.build = builders.model_builder(config.model, self.process, soft_mask)
     self.graphdef, self._abstract_params = split_model(self.build)
@@ -260,13 +287,13 @@ class Run:
       loss=steps.lm_loss(self.graphdef, self.process),
       weight=steps.lm_weight,
       batches=lambda start: builders.train_batches(
-        config.data, self.data, config.seed
+        config, self.data, config.seed
       ),
       evaluate=evaluate,
       summary=self._summary,
       param_shardings=lambda mesh: param_shardings(abstract, mesh),
       check_batch=self._check_tokens,
-      tokens_per_step=config.data.batch_size * config.data.seq_len,
+      tokens_per_step=config.train.batch_size * config.data.seq_len,
       shown=('loss', 'nelbo_per_token', 'sm_w_s', 'sm_lambda'),
       # Runs of one network and process (a halted run and its resumption,
       # the seeds of a sweep) share one compiled train step.
@@ -380,7 +407,11 @@ class Run:
 
 
 def load_config(workdir: str, overrides: dict | None = None):
-  """The run's ConfigDict from workdir/config.json, with dotted overrides."""
+  """The run's ConfigDict from workdir/config.json, with dotted overrides.
+
+  Keys renamed since the run was saved are moved first (migrate_config),
+  so old runs load; overrides must use the new names.
+  """
   path = os.path.join(workdir, 'config.json')
   if not os.path.exists(path):
     raise FileNotFoundError(
@@ -388,7 +419,8 @@ def load_config(workdir: str, overrides: dict | None = None):
       'python -m experiments.run first).'
     )
   with open(path) as f:
-    config = ml_collections.ConfigDict(json.load(f))
+    config = ml_collections.ConfigDict(migrate_config(json.load(f)))
+  check_renamed_keys(config, overrides)
   apply_overrides(config, overrides, create_blocks=True)
   if 'mesh' in config and 'shape' in config.mesh:
     config.mesh.shape = tuple(config.mesh.shape)

@@ -11,7 +11,8 @@ printed) with, on the default backend:
 2. matmul peak: the best FLOP/s of a square bf16 (and f32, which GPUs run
    as TF32 by default) matmul, measured in this run, the denominator of the
    utilisation below;
-3. train step: tokens/s and model-FLOP utilisation (3 x the forward FLOPs
+3. train step (set up and timed by train_step.build_train_step and
+   time_calls): tokens/s and model-FLOP utilisation (3 x the forward FLOPs
    of ddlm_jax.evaluation.cost.transformer_flops per step, over the bf16
    peak) of a GPT-2-small-sized MDLM (width 768, 12 layers, 12 heads, L
    1024, GPT-2's 50257 tokens, bf16 compute, AdamW);
@@ -83,6 +84,7 @@ LAZY_IMPORTS = (
   'ddlm_jax.training.state',
   'ddlm_jax.training.steps',
   'pallas_kernels.attention.api',
+  'experiments.benchmarks.train_step',
 )
 IMPLS = ('xla', 'cudnn', 'splash', 'pallas', 'interpret', 'auto')
 
@@ -574,50 +576,33 @@ def _model(sizes: Sizes, attention_impl: str):
 def time_train_step(
   sizes: Sizes, budget: Budget, peak: float, attention_impl: str
 ) -> dict:
-  """tokens/s and MFU of an AdamW step of the bf16 MDLM."""
+  """tokens/s and MFU of an AdamW step of the bf16 MDLM.
+
+  The set-up and the timed calls are train_step.py's (one code path).
+  """
   from ddlm_jax.evaluation.cost import transformer_flops
-  from ddlm_jax.models import Transformer
-  from ddlm_jax.parallel import make_mesh
-  from ddlm_jax.training.optimizer import make_optimizer
-  from ddlm_jax.training.state import init_train_state
-  from ddlm_jax.training.steps import jit_train_step
+  from experiments.benchmarks.train_step import build_train_step, time_calls
 
   cfg, process = _model(sizes, attention_impl)
-  tx, _ = make_optimizer(learning_rate=3e-4, warmup_steps=10, total_steps=1000)
-  mesh = make_mesh((1, 1, 1))
-  t0 = time.perf_counter()
-  graphdef, state, shardings = init_train_state(
-    lambda rngs: Transformer(cfg, rngs=rngs),
-    tx,
-    seed=0,
-    mesh=mesh,
-    use_ema=False,
+  bench = build_train_step(
+    cfg,
+    process,
+    batch=sizes.batch,
+    length=sizes.seq_len,
+    learning_rate=3e-4,
   )
-  step = jit_train_step(graphdef, process, tx, 0.0, shardings, mesh)
-  x = jax.random.randint(
-    jax.random.key(0), (sizes.batch, sizes.seq_len), 0, sizes.vocab
+  compile_s = bench.compile_s
+  jax.block_until_ready(bench.step())
+  times, loss = time_calls(
+    bench.step,
+    max_n=max(sizes.repeats, 3),
+    min_n=2,
+    more=lambda: budget.left() > 0,
   )
-  batch = {'tokens': x}
-  compiled = step.lower(state, batch).compile()
-  compile_s = time.perf_counter() - t0
-  holder = {'state': state}
-
-  def one():
-    holder['state'], metrics = compiled(holder['state'], batch)
-    return metrics['loss']
-
-  jax.block_until_ready(one())
-  times = []
-  while len(times) < max(sizes.repeats, 3) and (
-    budget.left() > 0 or len(times) < 2
-  ):
-    t1 = time.perf_counter()
-    loss = jax.block_until_ready(one())
-    times.append(time.perf_counter() - t1)
   step_s = float(np.median(times))
   tokens = sizes.batch * sizes.seq_len
   model_flops = 3.0 * transformer_flops(cfg, sizes.batch, sizes.seq_len)
-  params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state.params))
+  params = bench.params
   return {
     'width': cfg.width,
     'depth': cfg.depth,

@@ -1,18 +1,21 @@
 """Sampler throughput: jitted samplers vs a per-step Python loop (md4-style).
 
   python -m experiments.benchmarks.samplers [--workdir=RUN] \
-    [--steps=64,256,1024]
+    [--steps=256,1024] [--dtype=bfloat16]
 
 At length 256 and batch 4 (defaults) it times, for each T, the baseline (a
 Python loop over T steps, each a jitted network call plus ancestral reveal,
-as MD4's sampler does) and the jitted samplers: the cached ancestral sampler
-at every T, and the samplers named in --fixed once (their NFE does not depend
-on T). Reports NFE, seconds, samples/s, tokens/s and the speedup over the
-baseline at the same T; baseline and cached sampler run in ABBA order
-(--repeats, best time of each) so load from other processes on a shared
-host favours neither. Without --workdir the model is a random-init
-Transformer (width 256, 4 layers; the zero-init head is randomised so the
-predictions are not uniform). Every timed call is compiled first.
+as MD4's sampler does), the same uncached ancestral sampler as one jitted
+loop (`ancestral_jit_no_cache`: the ratio of the two is what compiling the
+loop buys), the cached ancestral sampler (what caching buys on top), and the
+samplers named in --fixed once (their NFE does not depend on T). Reports
+NFE, seconds, ms per network call, samples/s, tokens/s and the speed-up over
+the baseline at the same T. The three per-T functions run in alternating
+order ABCCBA... (--repeats rounds, best time of each; the median is kept
+too), so load from other processes on a shared host favours none. Without
+--workdir the model is a random-init Transformer (width 256, 4 layers,
+--dtype compute; the zero-init head is randomised so the predictions are
+not uniform). Every timed call is compiled first.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def random_model(args):
     width=args.width,
     depth=args.depth,
     num_heads=args.heads,
+    dtype=args.dtype,
   )
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model, nnx.Param)
@@ -96,20 +100,22 @@ def timed(fn, key):
   return _once(fn, key)
 
 
-def timed_pair(fn_a, fn_b, key, repeats: int):
-  """Best times of two functions run in ABBA order (fair on busy hosts)."""
-  jax.block_until_ready(fn_a(key))
-  jax.block_until_ready(fn_b(key))
-  best_a, best_b = (np.inf, 0), (np.inf, 0)
+def timed_rounds(fns, key, repeats: int):
+  """(best, median, NFE) of each function, run in ABCCBA... order.
+
+  Alternating the order each round spreads load from other processes on a
+  shared host over all of them.
+  """
+  for fn in fns:
+    jax.block_until_ready(fn(key))  # compile / warm up
+  times = [[] for _ in fns]
+  nfes = [0] * len(fns)
   for r in range(repeats):
-    order = (fn_a, fn_b) if r % 2 == 0 else (fn_b, fn_a)
-    for fn in order:
-      sec, nfe = _once(fn, key)
-      if fn is fn_a:
-        best_a = min(best_a, (sec, nfe))
-      else:
-        best_b = min(best_b, (sec, nfe))
-  return best_a, best_b
+    order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
+    for i in order:
+      sec, nfes[i] = _once(fns[i], key)
+      times[i].append(sec)
+  return [(min(t), float(np.median(t)), n) for t, n in zip(times, nfes)]
 
 
 def nfe_table(length: int, batch: int, steps_list, vocab: int = 65):
@@ -142,7 +148,7 @@ def nfe_table(length: int, batch: int, steps_list, vocab: int = 65):
   return rows
 
 
-def main():
+def make_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--workdir', default='', help='run dir (else random model)')
   p.add_argument('--steps', default='64,256,1024')
@@ -152,14 +158,21 @@ def main():
   p.add_argument('--depth', type=int, default=4)
   p.add_argument('--heads', type=int, default=4)
   p.add_argument('--vocab', type=int, default=65)
+  p.add_argument('--dtype', default='float32', help='random model compute')
   p.add_argument(
     '--fixed',
     default='confidence:tokens_per_step=4',
     help="';'-separated sampler specs timed once",
   )
-  p.add_argument('--repeats', type=int, default=2, help='ABBA repeats')
+  p.add_argument('--repeats', type=int, default=2, help='alternating rounds')
   p.add_argument(
     '--repeat_max_steps', type=int, default=256, help='repeat only T <= this'
+  )
+  p.add_argument(
+    '--jit_no_cache',
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help='also time the uncached ancestral sampler as one jitted loop',
   )
   p.add_argument('--out', default='', help='write the rows as JSON here')
   p.add_argument(
@@ -167,11 +180,14 @@ def main():
     action='store_true',
     help='only print NFE vs --steps for the caches (free dummy network)',
   )
-  args = p.parse_args()
-  if args.nfe_table:
-    nfe_table(args.length, args.batch, [int(s) for s in args.steps.split(',')])
-    return
+  return p
 
+
+def run(args) -> list[dict]:
+  """The timed rows (one per sampler and T), printed as they come."""
+  steps_list = [int(s) for s in args.steps.split(',')]
+  if min(steps_list) < 1 or args.repeats < 1:
+    raise ValueError('--steps must be positive integers and --repeats >= 1.')
   if args.workdir:
     graphdef, params, process = load_model(args.workdir)
   else:
@@ -183,12 +199,14 @@ def main():
   tokens = args.batch * args.length
   rows = []
 
-  def record(name, steps, seconds, nfe, base=None):
+  def record(name, steps, timing, base=None):
+    seconds, median, nfe = timing
     row = {
       'sampler': name,
       'T': steps,
       'nfe': nfe,
       'seconds': seconds,
+      'seconds_median': median,
       'ms_per_call': 1e3 * seconds / max(nfe, 1),
       'samples_per_sec': args.batch / seconds,
       'tokens_per_sec': tokens / seconds,
@@ -197,33 +215,61 @@ def main():
     rows.append(row)
     print(json.dumps(row), flush=True)
 
-  for steps in [int(s) for s in args.steps.split(',')]:
-    sampler = get_sampler('ancestral', num_steps=steps, use_cache=True)
-    fn = jax.jit(lambda k, s=sampler: s(apply, k, process, **shape))
-    base_fn = baseline(apply, process, key, steps=steps, **shape)
+  jitted = lambda sampler: jax.jit(
+    lambda k: sampler(apply, k, process, **shape)
+  )
+  for steps in steps_list:
+    named = {
+      'baseline_python_loop': baseline(
+        apply, process, key, steps=steps, **shape
+      )
+    }
+    if args.jit_no_cache:
+      named['ancestral_jit_no_cache'] = jitted(
+        get_sampler('ancestral', num_steps=steps, use_cache=False)
+      )
+    named['ancestral_cached'] = jitted(
+      get_sampler('ancestral', num_steps=steps, use_cache=True)
+    )
     repeats = args.repeats if steps <= args.repeat_max_steps else 1
-    (base_s, base_nfe), (sec, nfe) = timed_pair(base_fn, fn, key, repeats)
-    record('baseline_python_loop', steps, base_s, base_nfe)
-    record('ancestral_cached', steps, sec, nfe, base_s)
+    timings = timed_rounds(list(named.values()), key, repeats)
+    base_s = timings[0][0]
+    for i, (name, timing) in enumerate(zip(named, timings)):
+      record(name, steps, timing, base_s if i else None)
   for spec in filter(None, args.fixed.split(';')):
     name, params = parse_spec(spec)
-    sampler = get_sampler(name, **params)
-    fn = jax.jit(lambda k, s=sampler: s(apply, k, process, **shape))
-    sec, nfe = timed(fn, key)
-    record(spec, 0, sec, nfe)
+    sec, nfe = timed(jitted(get_sampler(name, **params)), key)
+    record(spec, 0, (sec, sec, nfe))
+  return rows
 
-  print('\n| sampler | T | NFE | s | samples/s | tokens/s | vs baseline |')
-  print('|---|---|---|---|---|---|---|')
+
+def table(rows: list[dict]) -> str:
+  lines = [
+    '| sampler | T | NFE | s | ms/call | samples/s | tokens/s | vs baseline |',
+    '|---|---|---|---|---|---|---|---|',
+  ]
   for r in rows:
     sp = r['speedup_vs_baseline']
-    print(
+    lines.append(
       f'| {r["sampler"]} | {r["T"] or "-"} | {r["nfe"]} | '
-      f'{r["seconds"]:.2f} | {r["samples_per_sec"]:.3f} | '
-      f'{r["tokens_per_sec"]:.1f} | {f"{sp:.2f}x" if sp else ""} |'
+      f'{r["seconds"]:.4g} | {r["ms_per_call"]:.4g} | '
+      f'{r["samples_per_sec"]:.3f} | {r["tokens_per_sec"]:.1f} | '
+      f'{f"{sp:.2f}x" if sp else ""} |'
     )
+  return '\n'.join(lines)
+
+
+def main(argv=None):
+  args = make_parser().parse_args(argv)
+  if args.nfe_table:
+    steps = [int(s) for s in args.steps.split(',')]
+    return nfe_table(args.length, args.batch, steps)
+  rows = run(args)
+  print('\n' + table(rows))
   if args.out:
     with open(args.out, 'w') as f:
       json.dump(rows, f, indent=2)
+  return rows
 
 
 if __name__ == '__main__':

@@ -102,10 +102,12 @@ def parse_arg(arg: str) -> tuple[str, str, str]:
   return pipeline, task, preset
 
 
-def _model(width, depth, heads, steps, batch, lr):
+def _model(width, depth, heads, num_steps, batch, lr):
+  """A stage block: its network and its own train settings (num_steps,
+  batch_size, learning_rate, as train.* means them for the LM configs)."""
   b = ml_collections.ConfigDict()
   b.width, b.depth, b.num_heads = width, depth, heads
-  b.steps, b.batch_size, b.learning_rate = steps, batch, lr
+  b.num_steps, b.batch_size, b.learning_rate = num_steps, batch, lr
   return b
 
 
@@ -140,7 +142,7 @@ def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
   c.latent.projector_hidden = 0  # 0: 2 * max(widths)
   c.latent.unfreeze_executor = False
   c.latent.pool_size = 8192
-  c.latent.steps = 4000
+  c.latent.num_steps = 4000
   c.latent.batch_size = 128
   c.latent.learning_rate = 1e-3
 
@@ -152,7 +154,8 @@ def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict()
   # > 0 caps every stage's steps (quick runs); each stage's own length is
-  # its block's `steps` (planner.steps, executor.steps, latent.steps).
+  # its block's `num_steps` (planner.num_steps, executor.num_steps,
+  # latent.num_steps) and its batch its block's `batch_size`.
   c.train.max_stage_steps = 0
   c.train.log_every = 200
   c.train.checkpoint_every = 1000
@@ -169,7 +172,7 @@ def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
     c.planner.loss_type = 'simple_ce'
     c.executor = _model(64, 3, 4, 3000, 64, 2e-3)
     c.latent.pool_size = 4096
-    c.latent.steps = 1500
+    c.latent.num_steps = 1500
     c.latent.batch_size = 64
     c.reasoning.num_test_per_level = 500
     c.train.log_every = 250
@@ -179,7 +182,7 @@ def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
       c.planner = _model(64, 2, 4, steps, 64, 2e-3)
       c.planner.loss_type = 'simple_ce'
       c.executor = _model(64, 2, 4, steps, 64, 2e-3)
-      c.latent.steps = proj_steps
+      c.latent.num_steps = proj_steps
       c.latent.pool_size = 1024
       c.reasoning.num_test_per_level = 200
       c.train.log_every = 100
@@ -189,7 +192,7 @@ def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
     c.executor = _model(16, 1, 2, 3, 8, 1e-3)
     c.plan.steps = 4
     c.latent.pool_size = 16
-    c.latent.steps = 3
+    c.latent.num_steps = 3
     c.latent.batch_size = 8
     c.reasoning.num_test_per_level = 4
     c.train.log_every = 1

@@ -70,7 +70,7 @@ def apply_bpe(c, preset: str):
   c.data.bpe_vocab_size = VOCAB_SIZE
   c.data.seq_len = SEQ_LEN
   # 32 rows x 48 tokens = the char quickstart's text per step; 64 doubles it.
-  c.data.batch_size = 64
+  c.train.batch_size = 64
   c.train.num_steps = 1000
   c.train.eval_every = 250
   c.train.checkpoint_every = 250

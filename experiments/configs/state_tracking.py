@@ -3,9 +3,14 @@
 One config for every (model, task): the argument is 'MODEL,TASK[,preset]'
 with MODEL in pdssm | pdssm_paper | complex_diag | selective_diag | lstm |
 transformer and TASK in parity | even_pairs | cycle_nav | mod_arith | a5 |
-s5. 'pdssm_paper' is PD-SSM in the block of the authors' released code
-(post-norm LayerNorm, no residual, no MLP, their inits, h_0 = e_0;
-``sequence_classifier``).
+s5, or a diagnostic group task of ``state_tracking.GROUP_TASKS`` (s3: the
+smallest non-abelian group, solvable by one PD-SSM layer at N = 16).
+Group tasks take ``--config.task.num_generators=k`` (the paper's (G, k)
+automata; 0 = every element is a token) and ``--config.task.loss_on=prefix``
+(every position predicts its prefix's product; the default 'last' is the
+benchmark's last-token loss). 'pdssm_paper' is PD-SSM in the block of the
+authors' released code (post-norm LayerNorm, no residual, no MLP, their
+inits, h_0 = e_0; ``sequence_classifier``).
 
 Commands:
   python -m experiments.run \
@@ -63,6 +68,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from ddlm_jax.data import state_tracking as st
 from experiments.configs import common
 
 MODELS = (
@@ -73,7 +79,16 @@ MODELS = (
   'lstm',
   'transformer',
 )
-TASKS = ('parity', 'even_pairs', 'cycle_nav', 'mod_arith', 'a5', 's5')
+BENCHMARK_TASKS = (
+  'parity',
+  'even_pairs',
+  'cycle_nav',
+  'mod_arith',
+  'a5',
+  's5',
+)
+# The benchmark's tasks, then the diagnostic group tasks (s3, ...).
+TASKS = BENCHMARK_TASKS + tuple(st.GROUP_TASKS)
 PRESETS = ('', 'paper', 'cpu', 'cpu_long', 'smoke', 'paper1')
 
 # Paper Table 2 (accuracy %, (mean, std); std None where the paper gives
@@ -133,7 +148,10 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
 
   c.task = ml_collections.ConfigDict()
   c.task.name = task
-  c.task.num_generators = 0  # a5/s5: 0 = every group element is a token.
+  c.task.num_generators = 0  # Group tasks: 0 = every element is a token.
+  # Loss positions: 'last' (the benchmark) or 'prefix' (group tasks only:
+  # every position predicts the product of its prefix).
+  c.task.loss_on = 'last'
   c.task.generator_seed = 0
   c.task.train_lengths = (3, 40)
   c.task.eval_lengths = (40, 256)  # Validation and test.
@@ -152,6 +170,11 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   c.model.scan_impl = 'auto'
   # SSM h_0: 'zeros' or 'onehot' (e_0, as in the PD-SSM authors' code).
   c.model.initial_state = 'onehot'
+  # SSMMixer options ('' / 0: the mixer's default, for 'pdssm_paper' the
+  # authors' init): init in ssm.INITS ('default' | 'authors'), and the
+  # initial |D_t| in (0, 1) (pdssm, complex_diag, pdssm_paper).
+  c.model.init = ''
+  c.model.magnitude_init = 0.0
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-3

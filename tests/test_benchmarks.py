@@ -1,0 +1,133 @@
+"""The benchmark scripts run at tiny sizes and report what issue 18 asks.
+
+Timings of tiny programs on a shared CPU are noise, so these tests check
+structure (every field present, finite, positive where it must be) and the
+quantities that do not depend on timing: FLOPs from XLA's cost analysis
+(forward < forward+backward <= step) and NFE.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from experiments.benchmarks import samplers, train_step
+
+POSITIVE = (
+  'step_seconds',
+  'forward_seconds',
+  'forward_backward_seconds',
+  'tokens_per_sec',
+  'step_gflops',
+  'forward_gflops',
+  'forward_backward_gflops',
+  'backward_gflops',
+  'achieved_gflops_per_sec',
+  'mfu',
+  'compiled_argument_mib',
+  'params',
+)
+# Differences of two noisy medians: finite, but at tiny sizes of either sign.
+FINITE = ('backward_seconds', 'optimizer_seconds', 'final_loss')
+
+
+@pytest.fixture(scope='module')
+def compared(tmp_path_factory):
+  prof = tmp_path_factory.mktemp('profile')
+  return train_step.main(
+    [
+      '--tiny',
+      '--compare=--dtype=float32;--dtype=bfloat16 --time_conditioning',
+      f'--profile={prof}',
+    ]
+  ), prof
+
+
+def test_train_step_reports_times_flops_and_memory(compared):
+  result, _ = compared
+  assert result['matmul_peak_gflops_per_sec'] > 0
+  assert result['matmul_peak_bf16_gflops_per_sec'] > 0
+  assert result['process_peak_rss_mib'] > 0
+  for row in result['variants']:
+    for k in POSITIVE:
+      assert math.isfinite(row[k]) and row[k] > 0, (k, row[k])
+    for k in FINITE:
+      assert math.isfinite(row[k]), (k, row[k])
+    # The backward adds FLOPs to the forward, the AdamW update more still.
+    assert row['forward_gflops'] < row['forward_backward_gflops']
+    assert row['forward_backward_gflops'] <= row['step_gflops']
+    assert row['backward_seconds'] == pytest.approx(
+      row['forward_backward_seconds'] - row['forward_seconds']
+    )
+    assert all(len(v) == 2 for v in row['seconds_per_round'].values())
+
+
+def test_compare_builds_both_variants_and_their_ratio(compared):
+  result, _ = compared
+  a, b = result['variants']
+  assert (
+    a['config']['dtype'] == 'float32' and not a['config']['time_conditioning']
+  )
+  assert b['config']['dtype'] == 'bfloat16' and b['config']['time_conditioning']
+  assert 'mfu_vs_bf16_peak' in b and 'mfu_vs_bf16_peak' not in a
+  # adaLN adds parameters; the tiny preset applies to both variants.
+  assert b['params'] > a['params']
+  assert a['config']['width'] == b['config']['width'] == 32
+  assert result['ratio']['step'] == pytest.approx(
+    a['step_seconds'] / b['step_seconds']
+  )
+  assert a['speedup_vs_first']['step'] == 1.0
+
+
+def test_profile_writes_a_trace(compared):
+  _, prof = compared
+  assert list(prof.rglob('*.xplane.pb'))
+
+
+def test_bad_flags_raise_before_compiling():
+  with pytest.raises(ValueError, match='names one variant'):
+    train_step.main(['--tiny', '--compare=--dtype=bfloat16'])
+  with pytest.raises(ValueError, match='run flags'):
+    train_step.main(['--tiny', '--compare=--repeats=3;--dtype=bfloat16'])
+  with pytest.raises(ValueError, match='dtype'):
+    train_step.main(['--tiny', '--compare=--dtype=float32;--dtype=f16'])
+
+
+def test_samplers_report_calls_tokens_and_the_python_loop_ratio():
+  """Per T: the md4-style Python loop, the same sampler jitted, the cached
+  one; NFE is exact (T uncached; at most min(T, L) cached)."""
+  T, L = 12, 8
+  rows = samplers.main(
+    [
+      f'--steps={T}',
+      f'--length={L}',
+      '--batch=2',
+      '--width=32',
+      '--depth=1',
+      '--heads=2',
+      '--vocab=8',
+      '--repeats=2',
+      '--fixed=confidence:tokens_per_step=4',
+    ]
+  )
+  by = {r['sampler']: r for r in rows}
+  assert set(by) == {
+    'baseline_python_loop',
+    'ancestral_jit_no_cache',
+    'ancestral_cached',
+    'confidence:tokens_per_step=4',
+  }
+  assert by['baseline_python_loop']['nfe'] == T
+  assert by['ancestral_jit_no_cache']['nfe'] == T
+  assert 1 <= by['ancestral_cached']['nfe'] <= min(T, L)
+  assert by['confidence:tokens_per_step=4']['nfe'] == L // 4
+  base = by['baseline_python_loop']['seconds']
+  for r in rows:
+    for k in ('seconds', 'seconds_median', 'ms_per_call', 'tokens_per_sec'):
+      assert math.isfinite(r[k]) and r[k] > 0, (r['sampler'], k, r[k])
+    assert r['ms_per_call'] == pytest.approx(1e3 * r['seconds'] / r['nfe'])
+    assert r['tokens_per_sec'] == pytest.approx(2 * L / r['seconds'])
+    if r['T'] and r['sampler'] != 'baseline_python_loop':
+      assert r['speedup_vs_baseline'] == pytest.approx(base / r['seconds'])
+  assert '| ancestral_jit_no_cache | 12 | 12 |' in samplers.table(rows)
