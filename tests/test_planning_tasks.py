@@ -194,11 +194,6 @@ def test_arithmetic_task_arrays_are_the_recorded_ones():
   assert h.hexdigest() == (
     '4fb32373f7460b68d59f39abba017f2b65ce97aa880166206cb7ded43db2b3b2'
   )
-  assert (task.vocab_size, task.pad_id, task.question_len) == (
-    rs.VOCAB_SIZE,
-    rs.PAD_ID,
-    rs.QUESTION_LEN,
-  )
 
 
 def test_bad_input_raises_before_training():
