@@ -22,8 +22,6 @@ from ddlm_jax.training.checkpoint import (
   IncompatibleCheckpointError,
 )
 from ddlm_jax.training.workdir_lock import WorkdirLockedError
-from experiments import modes as run_cli
-from experiments.configs import planner_executor, quickstart, state_tracking
 
 DIM = 4
 
@@ -268,17 +266,31 @@ def test_nonsense_optimizer_settings_are_refused():
     )
 
 
+def _experiment(spec):
+  """'module:preset' -> that experiments config. Imported here, not at the
+  top: the kill -9 victims import this file and start 1.5 s sooner."""
+  import importlib
+
+  module, preset = spec.split(':')
+  return importlib.import_module(f'experiments.configs.{module}').get_config(
+    preset
+  )
+
+
 @pytest.mark.parametrize(
-  'config,mode,ok',
+  'spec,mode,ok',
   [
-    (quickstart.get_config('smoke'), 'sample', True),
-    (state_tracking.get_config('pdssm,parity,smoke'), 'eval', True),
-    (state_tracking.get_config('pdssm,parity,smoke'), 'sample', False),
-    (planner_executor.get_config('direct,smoke'), 'eval', True),
-    (planner_executor.get_config('direct,smoke'), 'sample', False),
+    ('quickstart:smoke', 'sample', True),
+    ('state_tracking:pdssm,parity,smoke', 'eval', True),
+    ('state_tracking:pdssm,parity,smoke', 'sample', False),
+    ('planner_executor:direct,smoke', 'eval', True),
+    ('planner_executor:direct,smoke', 'sample', False),
   ],
 )
-def test_every_config_declares_its_modes(config, mode, ok):
+def test_every_config_declares_its_modes(spec, mode, ok):
+  from experiments import modes as run_cli
+
+  config = _experiment(spec)
   if ok:
     assert run_cli.check_mode(config, mode) == config.kind
   else:
@@ -287,10 +299,12 @@ def test_every_config_declares_its_modes(config, mode, ok):
 
 
 def test_eval_mode_needs_a_trained_run(tmp_path):
-  c = state_tracking.get_config('pdssm,parity,smoke')
+  from experiments import modes as run_cli
+
+  c = _experiment('state_tracking:pdssm,parity,smoke')
   with pytest.raises(FileNotFoundError, match='No checkpoint in'):
     run_cli.run(c, str(tmp_path), 'eval')
-  p = planner_executor.get_config('direct,smoke')
+  p = _experiment('planner_executor:direct,smoke')
   with pytest.raises(FileNotFoundError, match='train first'):
     run_cli.run(p, str(tmp_path / 'pe'), 'eval')
   assert not os.path.exists(tmp_path / 'pe')  # Nothing written.
@@ -363,53 +377,79 @@ def test_an_incompatible_resume_touches_nothing(tmp_path):
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before
 
 
-# A run of the least-squares task that a test can kill at any moment.
+# A run of the least-squares task that a test can kill at any moment: a
+# checkpoint every step, so a kill lands in a step, a save or a log write.
+_KILLED_RUN = dict(num_steps=20, checkpoint_every=1, log_every=1, eval_every=0)
 _VICTIM = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_fit import _cfg, _task
+from test_fit import _KILLED_RUN, _cfg, _task
 from ddlm_jax.training import fit
-print(fit.fit(_task(), _cfg(num_steps=40, checkpoint_every=1, log_every=1,
-                            eval_every=0), {workdir!r})['steps'], flush=True)
+print(fit.fit(_task(), _cfg(**_KILLED_RUN), {workdir!r})['steps'], flush=True)
 """
+
+
+def _saved_steps(workdir) -> list[int]:
+  """Finished checkpoints, read from the directory names (no orbax)."""
+  ckpts = os.path.join(workdir, 'checkpoints')
+  names = os.listdir(ckpts) if os.path.isdir(ckpts) else []
+  return sorted(int(n) for n in names if n.isdigit())
 
 
 @pytest.mark.slow
 def test_kill_9_at_random_moments_ends_like_an_uninterrupted_run(tmp_path):
+  """Each victim is killed at a random moment within 0.5 s after it saved
+  a new step, so the kill lands mid-training (in a step, a save or a log
+  write), not in the seconds Python and jax take to start; the last run
+  resumes and ends as the uninterrupted one."""
   import subprocess
   import sys
   import time
 
   tests = os.path.dirname(__file__)
+  num_steps = _KILLED_RUN['num_steps']
+
+  # Every victim compiles the same small programs, each under the cache's
+  # floor (0.3 s, tests/conftest.py): cached, the later ones start ~1 s of
+  # CPU sooner. A kill
+  # mid-write leaves a bad entry, which jax reads as a miss.
+  env = dict(os.environ, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
 
   def start(workdir):
     code = _VICTIM.format(tests=tests, workdir=str(workdir))
     return subprocess.Popen(
-      [sys.executable, '-c', code], stdout=subprocess.PIPE, text=True
+      [sys.executable, '-c', code], stdout=subprocess.PIPE, text=True, env=env
     )
 
-  ref = start(tmp_path / 'ref')  # Runs beside the killed ones.
+  ref = fit.fit(_task(), _cfg(**_KILLED_RUN), str(tmp_path / 'ref'))
   rng = np.random.default_rng(0)
   workdir = tmp_path / 'killed'
   kills = 0
   for _ in range(3):
+    saved = _saved_steps(workdir)
     proc = start(workdir)
-    time.sleep(float(rng.uniform(1.5, 4.0)))
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and _saved_steps(workdir) == saved:
+      assert time.monotonic() < deadline, 'the victim saved nothing'
+      time.sleep(0.02)
+    time.sleep(float(rng.uniform(0.0, 0.5)))
     if proc.poll() is None:
       proc.kill()  # SIGKILL: no handler runs, no save.
       kills += 1
     proc.wait()
   assert kills >= 2
   last = start(workdir)
-  assert last.communicate(timeout=300)[0].strip().endswith('40')
-  assert ref.communicate(timeout=300)[0].strip().endswith('40')
+  assert last.communicate(timeout=300)[0].strip().endswith(str(num_steps))
+  assert ref['steps'] == num_steps
   got, ref_ck = (
     Checkpointer(os.path.join(d, 'checkpoints'))
     for d in (workdir, tmp_path / 'ref')
   )
-  assert got.latest_step() == ref_ck.latest_step() == 40
+  assert got.latest_step() == ref_ck.latest_step() == num_steps
   final = lambda d: [
-    r for r in _records(str(d)) if r['split'] == 'train' and r['step'] == 40
+    r
+    for r in _records(str(d))
+    if r['split'] == 'train' and r['step'] == num_steps
   ]
   # The resumed run's last loss equals the uninterrupted one's, and the
   # log has each step once (replayed steps replaced, not duplicated).

@@ -121,6 +121,9 @@ def test_hybrid_backbone_trains_end_to_end_on_the_quickstart_corpus(tmp_path):
       # this test is about the trainer, not the scan.
       'model.scan_impl': 'reference',
       'sample.num_samples': 1,
+      # One evaluation and one checkpoint (at the last step) are enough for
+      # what is checked; the smoke preset's 6 steps would make two.
+      'train.num_steps': 3,
     },
   )
   summary = loop.train_and_evaluate(c, str(tmp_path))

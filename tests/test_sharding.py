@@ -17,7 +17,7 @@ from ddlm_jax.training.state import init_train_state
 from ddlm_jax.training.steps import jit_train_step, loss_fn
 
 CFG = TransformerConfig(
-  vocab_size=16, input_vocab_size=17, width=32, depth=2, num_heads=2
+  vocab_size=16, input_vocab_size=17, width=32, depth=1, num_heads=2
 )
 PROCESS = MaskedDiffusion(get_schedule('loglinear'), 16, t_min=1e-3)
 

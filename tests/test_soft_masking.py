@@ -22,7 +22,7 @@ from ddlm_jax.models.soft_masking import (
 from ddlm_jax.sampling.registry import get_sampler
 from ddlm_jax.training import loop, warm_start
 from ddlm_jax.training.optimizer import make_optimizer
-from experiments.configs import quickstart, sm_continue
+from experiments.configs import sm_continue
 from experiments.configs.common import override
 
 V = 11
@@ -250,16 +250,6 @@ def test_samplers_feed_each_step_logits_to_the_next(spec):
     np.testing.assert_array_equal(np.sort(tokens, -1), [np.arange(1, 9)] * 3)
 
 
-@pytest.fixture(scope='module')
-def base_run(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('sm_base'))
-  c = quickstart.get_config('smoke')
-  c.sample.num_samples = 0
-  c.mesh.shape = (1, 1, 1)
-  loop.train_and_evaluate(c, workdir)
-  return workdir
-
-
 def _sm_config(base, **overrides):
   c = sm_continue.get_config('sm,smoke')
   c.train.init_from = base
@@ -279,7 +269,8 @@ def _final_params(workdir):
 
 
 @pytest.mark.slow
-def test_continued_pretraining_runs_logs_and_resumes(base_run, tmp_path):
+def test_continued_pretraining_runs_logs_and_resumes(smoke_mdlm_run, tmp_path):
+  base_run, _ = smoke_mdlm_run  # Read only: init_from loads its parameters.
   full = str(tmp_path / 'full')
   # w_b = -5 puts lambda in its sensitive range at the smoke model's high
   # entropies (with the paper's -0.75 its gradient is ~1e-10 there).

@@ -245,7 +245,8 @@ def test_pdssm_groups_trains_through_the_loop_and_records_p_t(tmp_path):
                              '--preset=smoke', '--N=8', '--layers=1',
                              f'--out={out}'])  # fmt: skip
   ccfg = classification.classifier_config(pdssm_groups.build_config(args))
-  model = sc.SequenceClassifier(ccfg, rngs=nnx.Rngs(0))
+  # An abstract model (no initialisation to compute) has the same structure.
+  model = nnx.eval_shape(lambda: sc.SequenceClassifier(ccfg, rngs=nnx.Rngs(0)))
   nnx.update(model, params)  # The structure matches the model's.
   # P_t diagnostics joined every validation record.
   val = [
