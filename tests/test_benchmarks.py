@@ -77,7 +77,15 @@ def test_compare_builds_both_variants_and_their_ratio(compared):
   assert result['ratio']['step'] == pytest.approx(
     a['step_seconds'] / b['step_seconds']
   )
-  assert b['speedup_vs_first']['step'] == pytest.approx(result['ratio']['step'])
+  for k in ('forward', 'forward_backward'):  # Each program's own ratio.
+    assert b['speedup_vs_first'][k] == pytest.approx(
+      a[f'{k}_seconds'] / b[f'{k}_seconds']
+    )
+  assert a['speedup_vs_first'] == {
+    'step': 1.0,
+    'forward': 1.0,
+    'forward_backward': 1.0,
+  }
 
 
 def test_profile_writes_a_trace(compared):

@@ -54,7 +54,11 @@ def test_every_group_task_is_reachable_from_the_config_argument():
     c = cfgs.get_config(f'pdssm_paper,{name},paper1')
     assert c.task.name == name and c.task.loss_on == 'last'
     ccfg = classification.classifier_config(c)
-    assert (ccfg.vocab_size, ccfg.num_classes) == st.task_info(name)
+    # By default every group element is a token, plus PAD.
+    assert (ccfg.vocab_size, ccfg.num_classes) == (
+      spec.num_classes + 1,
+      spec.num_classes,
+    )
     c.task.num_generators = 2
     ccfg = classification.classifier_config(c)
     assert (ccfg.vocab_size, ccfg.num_classes) == (3, spec.num_classes)
