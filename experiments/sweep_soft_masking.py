@@ -1,6 +1,6 @@
 """Soft-masking reproduction: three arms x seeds, then quality against T.
 
-  python -m experiments.sweep_soft_masking --init_from=runs/quickstart \
+  python -m experiments.sweep_soft_masking --init_from=runs/mdlm_quickstart \
     --scorer=runs/ar_quickstart --seeds=0,1,2 --out=runs/sm
 
 For every seed, trains the arms of experiments/configs/sm_continue.py (SM,
@@ -17,7 +17,7 @@ OUT/quality_vs_steps.png.
 --base=CONFIG.py runs the arms in another regime: every data, model,
 process and eval key, and train.batch_size, in which that config (e.g.
 experiments/configs/quickstart_bpe.py, the BPE quickstart) differs from
-experiments/configs/quickstart.py is set on each arm, so the arms keep
+the quickstart recipe (mdlm_quickstart.py) is set on each arm, so the arms keep
 their optimiser, steps and soft-masking settings and match the --init_from
 run's tokenizer, sequence length and network:
 
@@ -103,11 +103,11 @@ def load_config_module(path: str):
 
 
 def base_overrides(base_path: str, preset: str) -> dict:
-  """{dotted key: value} where the base config differs from quickstart.py."""
+  """{dotted key: value} where the base differs from quickstart.recipe."""
   if not base_path:
     return {}
   base = _flat(load_config_module(base_path).get_config(preset).to_dict())
-  ref = _flat(quickstart.get_config(preset).to_dict())
+  ref = _flat(quickstart.recipe(preset).to_dict())
   return {
     k: v
     for k, v in base.items()

@@ -43,26 +43,35 @@ os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', str(_CACHE))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.3')
 
 
-# Heaviest files first. xdist's --dist loadfile hands whole files to idle
-# workers in collection order, so a heavy file collected last would leave
-# the other worker idle at the end of the run.
+# Heaviest files first (longest-processing-time order, from the per-file
+# times of a session-9 run). xdist's --dist loadfile hands whole files to
+# idle workers in collection order, so a heavy file collected last would
+# leave the other worker idle at the end of the run.
 _HEAVY_FIRST = (
-  'test_training.py',
-  'test_state_tracking_train.py',
-  'test_soft_masking.py',
-  'test_data_sources.py',
-  'test_hybrid.py',
-  'test_planning.py',
-  'test_fit.py',
-  'test_families.py',
-  'test_uniform_diffusion.py',
-  'test_uniform_samplers.py',
-  'test_block_diffusion.py',
-  'test_block_sampling.py',
-  'test_duo.py',
-  'test_colab.py',
+  'test_multiprocess.py',
   'test_ssm.py',
+  'test_training.py',
+  'test_planning_tasks.py',
+  'test_state_tracking_train.py',
+  'test_data_sources.py',
+  'test_soft_masking.py',
+  'test_families.py',
+  'test_fit.py',
+  'test_hybrid.py',
+  'test_uniform_samplers.py',
+  'test_planning.py',
+  'test_kernels_scan.py',
+  'test_state_tracking_options.py',
+  'test_device_check.py',
+  'test_kernels_attention.py',
+  'test_kernels_export.py',
+  'test_benchmarks.py',
+  'test_colab.py',
+  'test_uniform_diffusion.py',
+  'test_colab_samplers.py',
   'test_sharding.py',
+  'test_layers.py',
+  'test_block_sampling.py',
 )
 
 

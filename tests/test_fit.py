@@ -425,7 +425,7 @@ def test_kill_9_at_random_moments_ends_like_an_uninterrupted_run(tmp_path):
   rng = np.random.default_rng(0)
   workdir = tmp_path / 'killed'
   kills = 0
-  for _ in range(3):
+  for _ in range(2):
     saved = _saved_steps(workdir)
     proc = start(workdir)
     deadline = time.monotonic() + 300
@@ -437,7 +437,9 @@ def test_kill_9_at_random_moments_ends_like_an_uninterrupted_run(tmp_path):
       proc.kill()  # SIGKILL: no handler runs, no save.
       kills += 1
     proc.wait()
-  assert kills >= 2
+  # 20 steps with a save after each cannot all fit in the 0.5 s a victim
+  # lives after its first new save: both victims die mid-run.
+  assert kills == 2
   last = start(workdir)
   assert last.communicate(timeout=300)[0].strip().endswith(str(num_steps))
   assert ref['steps'] == num_steps

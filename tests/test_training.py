@@ -203,6 +203,38 @@ def test_ar_twin_trains_with_exact_nll(tmp_path):
   assert text.count('=== sample') == 2
 
 
+@pytest.mark.parametrize('preset', ['', 'smoke'])
+def test_quickstart_is_its_recipe_with_two_changes_and_the_twins_keep_it(
+  preset,
+):
+  """The quickstart changes two things of the transformer, NELBO-trained
+  recipe: the objective, and (not in the smoke preset) the backbone. The
+  configs built on the recipe, whose results were measured with it, inherit
+  neither."""
+  from experiments.configs import bd3_quickstart, duo_quickstart, sm_continue
+
+  got, base = quickstart.get_config(preset), quickstart.recipe(preset)
+  assert (got.process.loss_type, base.process.loss_type) == (
+    'simple_ce',
+    'elbo',
+  )
+  backbone = 'transformer' if preset == 'smoke' else 'hybrid'
+  assert (got.model.backbone, base.model.backbone) == (backbone, 'transformer')
+  got.process.loss_type = 'elbo'
+  got.model.backbone, got.model.state_size = (
+    'transformer',
+    base.model.state_size,
+  )
+  assert got.to_dict() == base.to_dict()
+  twins = [
+    bd3_quickstart.get_config('16,smoke' if preset else '16'),
+    duo_quickstart.get_config(preset),
+    sm_continue.get_config('sm,smoke' if preset else 'sm'),
+  ]
+  assert [t.process.loss_type for t in twins] == ['elbo'] * 3
+  assert [t.model.backbone for t in twins] == ['transformer'] * 3
+
+
 def test_seq_len_longer_than_split_is_a_clear_error(tmp_path):
   train = tmp_path / 'train.txt'
   train.write_text('abcdefgh' * 20)

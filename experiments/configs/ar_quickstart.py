@@ -12,6 +12,6 @@ from experiments.configs import quickstart
 
 
 def get_config(preset: str = ''):
-  c = quickstart.get_config(preset)
+  c = quickstart.recipe(preset)
   c.process.kind = 'ar'
   return c

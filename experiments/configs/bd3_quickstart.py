@@ -4,8 +4,9 @@ Blocks of L' characters are generated left to right, each by masked
 diffusion conditioned on the clean blocks before it; training runs one
 vectorised pass over concat(x_t, x) (length 2L) under the block-diffusion
 attention mask. L' = 1 is the AR twin, L' = L = 128 is the MDLM quickstart.
-As in the paper, the default fine-tunes the quickstart MDLM (train it first:
-`--config=experiments/configs/quickstart.py --workdir=runs/quickstart`).
+As in the paper, the default fine-tunes the quickstart's transformer MDLM
+(train it first: `--config=experiments/configs/mdlm_quickstart.py
+--workdir=runs/mdlm_quickstart`).
 
 Command:
   python -m experiments.run --config=experiments/configs/bd3_quickstart.py:16 \
@@ -13,7 +14,7 @@ Command:
 
 Argument: 'BLOCK[,scratch][,smoke]' with BLOCK in 4, 8, 16 (any divisor of
 the length works through --config.process.block_size): fine-tuned from
-runs/quickstart for 500 steps (`--config.train.init_from=DIR` for another
+runs/mdlm_quickstart for 500 steps (`--config.train.init_from=DIR` for another
 MDLM run), or `scratch` for 1000 steps from random initialisation.
 `bd3_quickstart.py:16,smoke` is the seconds-long test preset (from scratch).
 
@@ -44,12 +45,12 @@ def parse_arg(arg: str | None) -> tuple[int, bool, str]:
 
 def get_config(arg: str = '16'):
   block, scratch, preset = parse_arg(arg)
-  c = quickstart.get_config(preset)
+  c = quickstart.recipe(preset)
   c.process.kind = 'bd3'
   c.process.block_size = block
   c.model.time_conditioning = False  # BD3 is time-free, like MDLM.
   if not scratch:
-    c.train.init_from = 'runs/quickstart'
+    c.train.init_from = 'runs/mdlm_quickstart'
     c.train.num_steps = 500
     c.optim.learning_rate = 1e-3
     c.optim.warmup_steps = 20

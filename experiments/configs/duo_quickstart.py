@@ -43,7 +43,7 @@ def parse_arg(arg: str | None) -> tuple[str, str]:
 
 def get_config(arg: str = ''):
   variant, preset = parse_arg(arg)
-  c = quickstart.get_config(preset)
+  c = quickstart.recipe(preset)
   steps = c.train.num_steps
   common.uniform(
     c, curriculum_steps=steps // 2 if variant == 'curriculum' else 0

@@ -1,6 +1,6 @@
 """MDLM trained on the simple cross-entropy objective (arXiv 2602.15014).
 
-The quickstart (MDLM on Shakespeare characters) with
+The transformer MDLM of the quickstart recipe (`mdlm_quickstart.py`) with
 `process.loss_type='simple_ce'`: training minimises the unweighted
 cross-entropy of the masked tokens averaged over all tokens (no 1/t ELBO
 weight); validation still reports the NELBO, so the two are compared on the
@@ -11,6 +11,9 @@ Command:
   python -m experiments.run --config=experiments/configs/mdlm_ce.py \
     --workdir=runs/mdlm_ce
 
+Its NELBO-weighted arm is `mdlm_quickstart.py`. Since session 9
+quickstart.py trains on this objective too, with the hybrid backbone.
+
 Presets: `mdlm_ce.py:smoke`. Model size for the FLOPs study:
 `--config.model.width=64|128|192` (docs/RESULTS.md section 10).
 """
@@ -19,6 +22,6 @@ from experiments.configs import quickstart
 
 
 def get_config(preset: str = ''):
-  c = quickstart.get_config(preset)
+  c = quickstart.recipe(preset)
   c.process.loss_type = 'simple_ce'
   return c

@@ -86,7 +86,7 @@ def apply_bpe(c, preset: str):
 
 def get_config(preset: str = ''):
   preset = check_preset(preset)
-  c = quickstart.get_config('')
+  c = quickstart.recipe('')
   apply_bpe(c, preset)
   c.sample.scorer = '' if preset == 'smoke' else SCORER_WORKDIR
   return c

@@ -1,7 +1,8 @@
 """Soft-masking continued pretraining from the quickstart MDLM (issue 6).
 
 Three arms from the same checkpoint (train.init_from, default
-runs/quickstart), chosen by the config argument ARM[,smoke]:
+runs/mdlm_quickstart, trained by `mdlm_quickstart.py`), chosen by the
+config argument ARM[,smoke]:
 
   sm           MDLM + soft-masking: two passes with probability sm_prob.
   plain        plain MDLM, the same number of steps.
@@ -36,8 +37,8 @@ def equal_compute_steps(steps: int, sm_prob: float) -> int:
 
 def get_config(arg: str = 'sm'):
   arm, preset = parse_arg(arg, {'arm': ARMS})
-  c = quickstart.get_config(preset)
-  c.train.init_from = 'runs/quickstart'
+  c = quickstart.recipe(preset)
+  c.train.init_from = 'runs/mdlm_quickstart'
   c.optim.learning_rate = 3e-4
   c.optim.warmup_steps = 20
   c.soft_mask.w_s_init = 0.2

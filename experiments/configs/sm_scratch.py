@@ -12,7 +12,7 @@ from experiments.configs import quickstart
 
 
 def get_config(preset: str = ''):
-  c = quickstart.get_config(preset)
+  c = quickstart.recipe(preset)
   c.soft_mask.enabled = True
   c.soft_mask.w_s_init = 0.2
   return c
