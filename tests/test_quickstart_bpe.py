@@ -64,8 +64,9 @@ def test_full_configs_are_twins_in_the_bpe_regime():
   a, b = md.to_dict(), ar.to_dict()
   for block in ('data', 'model', 'optim', 'train', 'eval'):
     assert a[block] == b[block], block
-  # The network is the char quickstart's; only the data changes.
-  assert md.model.to_dict() == quickstart.get_config().model.to_dict()
+  # The network is the char quickstart recipe's (the transformer of
+  # mdlm_quickstart.py); only the data changes.
+  assert md.model.to_dict() == quickstart.recipe().model.to_dict()
   with pytest.raises(ValueError, match='preset'):
     quickstart_bpe.get_config('tiny')
 
