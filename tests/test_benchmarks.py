@@ -44,6 +44,7 @@ def compared(tmp_path_factory):
   ), prof
 
 
+@pytest.mark.slow
 def test_train_step_reports_times_flops_and_memory(compared):
   result, _ = compared
   assert result['matmul_peak_gflops_per_sec'] > 0
@@ -63,6 +64,7 @@ def test_train_step_reports_times_flops_and_memory(compared):
     assert all(len(v) == 2 for v in row['seconds_per_round'].values())
 
 
+@pytest.mark.slow
 def test_compare_builds_both_variants_and_their_ratio(compared):
   result, _ = compared
   a, b = result['variants']
@@ -88,6 +90,7 @@ def test_compare_builds_both_variants_and_their_ratio(compared):
   }
 
 
+@pytest.mark.slow
 def test_profile_writes_a_trace(compared):
   _, prof = compared
   assert list(prof.rglob('*.xplane.pb'))
@@ -102,6 +105,7 @@ def test_bad_flags_raise_before_compiling():
     train_step.main(['--tiny', '--compare=--dtype=float32;--dtype=f16'])
 
 
+@pytest.mark.slow
 def test_samplers_report_calls_tokens_and_the_python_loop_ratio():
   """Per T: the md4-style Python loop, the same sampler jitted, the cached
   one; NFE is exact (T uncached; at most min(T, L) cached)."""

@@ -65,6 +65,7 @@ def _check_selected(session) -> bool:
   return any('checked' in getattr(i, 'fixturenames', ()) for i in session.items)
 
 
+@pytest.mark.slow
 def test_import_chain_needs_no_grain_ml_collections_or_tfds(request):
   """The script and every module it imports lazily (LAZY_IMPORTS) import
   with those packages absent."""

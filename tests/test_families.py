@@ -31,6 +31,7 @@ def _train_records(workdir):
   return [r for r in rows if r['split'] == 'train']
 
 
+@pytest.mark.slow
 def test_duo_curriculum_trains_then_switches_evaluates_and_samples(tmp_path):
   """The curriculum runs for curriculum_steps (the loop hands the process
   the global step), then plain UDLM training; eval and sample modes work
@@ -76,6 +77,7 @@ def test_family_configs_train_and_sample(tmp_path, module, arg, kind):
   assert summary['samples']['num_samples'] == c.sample.num_samples
 
 
+@pytest.mark.slow
 def test_bd3_fine_tunes_from_an_mdlm_run_and_samples_with_the_kv_cache(
   tmp_path, smoke_mdlm_run
 ):

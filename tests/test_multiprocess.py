@@ -263,6 +263,7 @@ _WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_processes_read_their_rows_of_the_one_process_batch(tmp_path):
   """jax.distributed from the env, gloo collectives, grain sharding: the
   global array the 2 processes assemble is the 1-process batch, row for

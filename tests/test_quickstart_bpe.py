@@ -80,6 +80,7 @@ def test_smoke_excerpt_is_the_corpus_prefix():
     assert text == full[name][: quickstart_bpe.SMOKE_CHARS], name
 
 
+@pytest.mark.slow
 def test_smoke_runs_train_evaluate_and_score(runs):
   for summary in (runs.ar, runs.md):
     assert summary['steps'] == 6
@@ -101,6 +102,7 @@ def test_smoke_runs_train_evaluate_and_score(runs):
     )
 
 
+@pytest.mark.slow
 def test_tokenizer_is_saved_with_the_run_and_reloads_the_same_ids(runs):
   saved_md = tokenizers.load_tokenizer(os.path.join(runs.md_dir, 'tokenizer'))
   saved_ar = tokenizers.load_tokenizer(os.path.join(runs.ar_dir, 'tokenizer'))
@@ -119,6 +121,7 @@ def test_tokenizer_is_saved_with_the_run_and_reloads_the_same_ids(runs):
   assert ids.size < len(text)  # Merges were learnt.
 
 
+@pytest.mark.slow
 def test_run_has_the_configured_vocabulary_and_length(runs):
   run = load_run(runs.md_dir)
   run.close()
@@ -131,6 +134,7 @@ def test_run_has_the_configured_vocabulary_and_length(runs):
   assert batch.shape == (2, 32) and batch.max() < 300
 
 
+@pytest.mark.slow
 def test_soft_masking_base_moves_the_arms_to_the_bpe_regime(runs, tmp_path):
   delta = sweep_soft_masking.base_overrides(BPE_CONFIG, '')
   assert delta['data.tokenizer'] == 'bpe'
