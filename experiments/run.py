@@ -9,8 +9,10 @@ trains, evaluates and samples), eval, sample, as the config's declared
   state_tracking    train, eval (test accuracy of the newest checkpoint)
   planner_executor  train, eval (every stage trained already)
 
-A run stopped by SIGTERM or SIGINT saves a checkpoint and exits with code
-75 (PREEMPTED_EXIT_CODE); starting it again resumes it.
+The process keeps freed host memory for reuse (XLA:CPU would otherwise
+page-fault its temporaries in at every step; DDLM_JAX_HOST_MALLOC=default
+turns that off). A run stopped by SIGTERM or SIGINT saves a checkpoint and
+exits with code 75 (PREEMPTED_EXIT_CODE); starting it again resumes it.
 """
 
 import sys
@@ -18,12 +20,14 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from ddlm_jax.parallel import initialize_distributed
+from ddlm_jax.parallel import initialize_distributed, keep_freed_memory
 from ddlm_jax.training.checkpoint import CheckpointSaveError
 from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
 from ddlm_jax.training.workdir_lock import WorkdirLockedError
 from experiments.flag_errors import parse_flags
 from experiments.modes import check_mode, run
+
+keep_freed_memory()  # Before JAX starts its threads; see host_memory.py.
 
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Experiment config file (path[:preset]).', lock_config=True

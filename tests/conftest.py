@@ -42,6 +42,12 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', str(_CACHE))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.3')
 
+# As experiments.run does: reuse freed host memory (imports jax, so after
+# the flags above).
+from ddlm_jax.parallel import keep_freed_memory  # noqa: E402
+
+keep_freed_memory()
+
 
 # Heaviest files first (longest-processing-time order, from the per-file
 # times of a session-9 run). xdist's --dist loadfile hands whole files to

@@ -1,5 +1,6 @@
-"""Meshes, logical-axis rules and distributed start-up."""
+"""Meshes, logical-axis rules, distributed and host start-up."""
 
+from ddlm_jax.parallel.host_memory import keep_freed_memory
 from ddlm_jax.parallel.mesh import (
   MESH_AXES,
   distributed_args,
@@ -19,6 +20,7 @@ __all__ = [
   'batch_sharding',
   'distributed_args',
   'initialize_distributed',
+  'keep_freed_memory',
   'logical_to_spec',
   'make_mesh',
   'replicated',

@@ -30,6 +30,7 @@ from flax import nnx
 from ddlm_jax.diffusion import get_schedule
 from ddlm_jax.diffusion.block import BlockDiffusion
 from ddlm_jax.models import Transformer, TransformerConfig
+from ddlm_jax.parallel import keep_freed_memory
 from ddlm_jax.sampling.block import BlockSampler
 
 
@@ -63,6 +64,7 @@ def load_model(workdir):
 
 
 def main():
+  keep_freed_memory()  # ddlm_jax.parallel.host_memory
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--workdir', default='')
   p.add_argument('--lengths', default='512,1024')

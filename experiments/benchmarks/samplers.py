@@ -31,6 +31,7 @@ from flax import nnx
 
 from ddlm_jax.diffusion import MaskedDiffusion, get_schedule
 from ddlm_jax.models import Transformer, TransformerConfig
+from ddlm_jax.parallel import keep_freed_memory
 from ddlm_jax.sampling.noise import sample_categorical
 from ddlm_jax.sampling.registry import get_sampler, parse_spec
 
@@ -260,6 +261,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None):
+  keep_freed_memory()  # ddlm_jax.parallel.host_memory
   args = make_parser().parse_args(argv)
   if args.nfe_table:
     steps = [int(s) for s in args.steps.split(',')]

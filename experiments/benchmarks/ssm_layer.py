@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from ddlm_jax.models import ssm
+from ddlm_jax.parallel import keep_freed_memory
 
 
 def dense_states(
@@ -92,6 +93,7 @@ def time_variant(
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+  keep_freed_memory()  # ddlm_jax.parallel.host_memory
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--lengths', default='128,512,2048')
   parser.add_argument('--batch', type=int, default=4)

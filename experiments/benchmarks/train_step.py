@@ -16,6 +16,11 @@ variants (each a set of flag overrides) in one process and times them in
 alternating rounds ABAB..., so load from other processes on a shared host
 favours neither; it reports each variant's medians and B's speed-up over A.
 `--profile=DIR` writes a jax.profiler trace of a few calls of each program.
+DDLM_JAX_HOST_MALLOC=default in the environment times glibc's own
+large-block handling (a fresh mmap per call, which page-faults the step's
+temporaries in at every step) instead of the reuse that the suite's entry
+points set (ddlm_jax.parallel.host_memory); it is a process setting, so
+compare the two in alternating processes.
 
 `build_train_step` and `time_calls` are also the train-step section of
 device_check.py, which must import without grain, ml_collections or tfds:
@@ -40,7 +45,7 @@ import numpy as np
 
 from ddlm_jax.diffusion import MaskedDiffusion, get_schedule
 from ddlm_jax.models import Transformer, TransformerConfig
-from ddlm_jax.parallel import make_mesh
+from ddlm_jax.parallel import keep_freed_memory, make_mesh
 from ddlm_jax.training.optimizer import make_optimizer
 from ddlm_jax.training.state import count_params, init_train_state
 from ddlm_jax.training.steps import jit_train_step, loss_fn
@@ -419,6 +424,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> dict:
+  keep_freed_memory()
   p = make_parser()
   args = p.parse_args(argv)
   if args.tiny:  # Preset defaults; flags given explicitly still win.
