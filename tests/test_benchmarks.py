@@ -9,10 +9,11 @@ quantities that do not depend on timing: FLOPs from XLA's cost analysis
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
-from experiments.benchmarks import samplers, train_step
+from experiments.benchmarks import op_profile, samplers, train_step
 
 POSITIVE = (
   'step_seconds',
@@ -91,9 +92,56 @@ def test_compare_builds_both_variants_and_their_ratio(compared):
 
 
 @pytest.mark.slow
-def test_profile_writes_a_trace(compared):
+def test_profile_writes_a_trace_and_the_time_per_source_line(compared):
   _, prof = compared
   assert list(prof.rglob('*.xplane.pb'))
+  tables = sorted(prof.rglob('ops.md'))
+  assert len(tables) == 6  # 2 variants x (step, forward, forward_backward)
+  step = (prof / 'variant0' / 'step' / 'ops.md').read_text()
+  # The Dense layers' matmuls are found and named by their source line.
+  assert re.search(r'\| matmul \| models/layers\.py:\d+ Dense', step), step
+
+
+# A compiled module's text as XLA prints it, cut to what op_table reads:
+# two ops of the entry computation, one forward matmul under a model
+# frame, one backward elementwise op with no model frame.
+_HLO = """HloModule jit_step
+
+FileNames
+1 "/src/ddlm_jax/models/layers.py"
+2 "/src/ddlm_jax/training/steps.py"
+
+FunctionNames
+1 "Dense.__call__"
+2 "train_step"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=104 end_line=104 column=1}
+2 {file_name_id=2 function_name_id=2 line=170 end_line=170 column=1}
+
+StackFrames
+1 {file_location_id=2 parent_frame_id=1}
+2 {file_location_id=1 parent_frame_id=1}
+
+ENTRY %main () -> f32[] {
+  %f.1 = f32[8] fusion(), metadata={op_name="j/dot_general" stack_frame_id=2}
+  ROOT %a.3 = f32[] add(), metadata={op_name="transpose(b)/a" stack_frame_id=1}
+  %copy.2 = f32[8] copy(), metadata={op_name="jit(step)/copy"}
+}
+"""
+
+
+def test_op_table_attributes_ops_to_model_source_lines():
+  seconds = {'f.1': 0.3, 'a.3': 0.1, 'copy.2': 0.1, 'absent.9': 5.0}
+  rows = op_profile.op_table(seconds, _HLO)
+  got = [(r['direction'], r['kind'], r['source']) for r in rows]
+  assert got == [
+    ('forward', 'matmul', 'models/layers.py:104 Dense.__call__'),
+    ('backward', 'elementwise', 'training/steps.py:170 train_step'),
+    ('forward', 'elementwise', 'copy'),  # no stack: the jax op's name
+  ]
+  assert [r['share'] for r in rows] == pytest.approx([0.6, 0.2, 0.2])
+  assert '| 300.0 | 60.0% | forward | matmul |' in op_profile.markdown(rows)
 
 
 def test_bad_flags_raise_before_compiling():

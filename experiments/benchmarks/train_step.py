@@ -15,7 +15,8 @@ bfloat16 peak for bfloat16 variants). `--compare=A;B` builds both
 variants (each a set of flag overrides) in one process and times them in
 alternating rounds ABAB..., so load from other processes on a shared host
 favours neither; it reports each variant's medians and B's speed-up over A.
-`--profile=DIR` writes a jax.profiler trace of a few calls of each program.
+`--profile=DIR` writes a jax.profiler trace of a few calls of each program
+and, beside each, ops.md: its time per source line (op_profile.py).
 DDLM_JAX_HOST_MALLOC=default in the environment times glibc's own
 large-block handling (a fresh mmap per call, which page-faults the step's
 temporaries in at every step) instead of the reuse that the suite's entry
@@ -34,6 +35,7 @@ import copy
 import dataclasses
 import json
 import os
+import pathlib
 import resource
 import shlex
 import time
@@ -49,6 +51,7 @@ from ddlm_jax.parallel import keep_freed_memory, make_mesh
 from ddlm_jax.training.optimizer import make_optimizer
 from ddlm_jax.training.state import count_params, init_train_state
 from ddlm_jax.training.steps import jit_train_step, loss_fn
+from experiments.benchmarks import op_profile
 
 # --tiny: every size small enough for a CPU test in seconds.
 TINY = dict(
@@ -353,14 +356,28 @@ def run(args, parser=None) -> dict:
   return result
 
 
-def profile(variants, log_dir: str, calls: int = 3):
-  """A jax.profiler trace of `calls` calls of every program of each variant."""
-  with jax.profiler.trace(log_dir):
-    for v in variants:
-      for name, fn in v.calls.items():
-        for i in range(calls):
-          with jax.profiler.TraceAnnotation(f'{v.label}:{name}:{i}'):
+def profile(variants, log_dir: str, calls: int = 3) -> None:
+  """A jax.profiler trace of `calls` calls of every program of each
+  variant, one trace per program under log_dir/<variant>/<program>/, with
+  the time per source line beside it in ops.md (op_profile.py)."""
+  for i, v in enumerate(variants):
+    compiled = {
+      'step': v.bench.compiled,
+      'forward': v.fwd,
+      'forward_backward': v.fwd_bwd,
+    }
+    for name, fn in v.calls.items():
+      out = pathlib.Path(log_dir) / f'variant{i}' / name
+      with jax.profiler.trace(str(out), create_perfetto_trace=True):
+        for c in range(calls):
+          with jax.profiler.TraceAnnotation(f'{v.label}:{name}:{c}'):
             jax.block_until_ready(fn())
+      rows = op_profile.op_table(
+        op_profile.op_seconds(out, calls), compiled[name].as_text()
+      )
+      (out / 'ops.md').write_text(
+        f'{v.label}: {name}\n\n{op_profile.markdown(rows)}\n'
+      )
 
 
 def table(result: dict) -> str:
