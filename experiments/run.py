@@ -27,8 +27,6 @@ from ddlm_jax.training.workdir_lock import WorkdirLockedError
 from experiments.flag_errors import parse_flags
 from experiments.modes import check_mode, run
 
-keep_freed_memory()  # Before JAX starts its threads; see host_memory.py.
-
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Experiment config file (path[:preset]).', lock_config=True
 )
@@ -55,6 +53,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
   config, workdir = _CONFIG.value, _WORKDIR.value
   try:
+    keep_freed_memory()  # Before JAX starts its threads; host_memory.py.
     check_mode(config, _MODE.value)  # Before the distributed start-up.
     initialize_distributed()
     result = run(config, workdir, _MODE.value, _SPLIT.value)

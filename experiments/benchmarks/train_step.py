@@ -221,6 +221,12 @@ class Variant:
         self.bench.state.params, self.key, x_BxL
       ),
     }
+    # The compiled program behind each call (FLOPs, memory, profile).
+    self.programs = {
+      'step': self.bench.compiled,
+      'forward': self.fwd,
+      'forward_backward': self.fwd_bwd,
+    }
     self.times = {name: [] for name in self.calls}
     self.losses = []
 
@@ -238,11 +244,7 @@ class Variant:
 
   def row(self, peak_f32: float, peak_bf16: float | None) -> dict:
     med = {k: float(np.median(v)) for k, v in self.times.items()}
-    fl = {
-      'step': flops(self.bench.compiled),
-      'forward': flops(self.fwd),
-      'forward_backward': flops(self.fwd_bwd),
-    }
+    fl = {name: flops(c) for name, c in self.programs.items()}
     mem = self.bench.compiled.memory_analysis()
     mem_fb = self.fwd_bwd.memory_analysis()
     tokens = self.args.batch * self.args.length
@@ -361,11 +363,6 @@ def profile(variants, log_dir: str, calls: int = 3) -> None:
   variant, one trace per program under log_dir/<variant>/<program>/, with
   the time per source line beside it in ops.md (op_profile.py)."""
   for i, v in enumerate(variants):
-    compiled = {
-      'step': v.bench.compiled,
-      'forward': v.fwd,
-      'forward_backward': v.fwd_bwd,
-    }
     for name, fn in v.calls.items():
       out = pathlib.Path(log_dir) / f'variant{i}' / name
       with jax.profiler.trace(str(out), create_perfetto_trace=True):
@@ -373,7 +370,7 @@ def profile(variants, log_dir: str, calls: int = 3) -> None:
           with jax.profiler.TraceAnnotation(f'{v.label}:{name}:{c}'):
             jax.block_until_ready(fn())
       rows = op_profile.op_table(
-        op_profile.op_seconds(out, calls), compiled[name].as_text()
+        op_profile.op_seconds(out, calls), v.programs[name].as_text()
       )
       (out / 'ops.md').write_text(
         f'{v.label}: {name}\n\n{op_profile.markdown(rows)}\n'
