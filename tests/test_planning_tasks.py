@@ -173,9 +173,29 @@ def test_deterministic_by_seed_and_splits_are_disjoint(name, splits):
     for s in ('train', 'test')
   }
   keys['stream'] = {task.canonical(q) for q in s1['question']}
-  assert not keys['train'] & keys['test']
-  assert not keys['stream'] & keys['test']
-  assert all(pt.split_of(k) == 'test' for k in keys['test'])
+  shared = {None}  # countdown's one-operation facts, in every split
+  assert keys['test'] - shared
+  assert not (keys['train'] & keys['test']) - shared
+  assert not (keys['stream'] & keys['test']) - shared
+  assert all(pt.split_of(k) == 'test' for k in keys['test'] - shared)
+
+
+def test_countdown_facts_are_in_every_split_and_plans_are_split():
+  """Level 1 (one operation) is the fact table: every split draws from all
+  of it; levels 2 and 3 stay disjoint by problem."""
+  task = pt.get_task('countdown')
+
+  def problems(split, level, num):
+    data = task.make_split(split, (level,), num, seed=0, plan_len=12)
+    q = data['question']
+    return {(*sorted(q_row[:-2]), q_row[-1]) for q_row in q.tolist()}
+
+  facts = {s: problems(s, 1, 3000) for s in ('train', 'test')}
+  assert facts['train'] == facts['test']  # all 117 facts, in both
+  assert len(facts['test']) == 117
+  for level in (2, 3):
+    train, test = problems('train', level, 300), problems('test', level, 300)
+    assert len(test) > 30 and not train & test
 
 
 def test_arithmetic_task_arrays_are_the_recorded_ones():

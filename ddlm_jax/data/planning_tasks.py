@@ -20,6 +20,9 @@ gives exactly reasoning.py's arrays. The new tasks also keep the splits
 disjoint: a problem belongs to the split that a hash of its canonical form
 (the question without incidental order) names, 80 / 10 / 10 % for train /
 validation / test, and each split's generator keeps only its own problems.
+A task may mark problems as shared by every split (canonical form None):
+Countdown's one-operation problems, the arithmetic facts its plans are
+built from (see countdown.canonical).
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ def split_of(canonical: bytes) -> str:
   return 'test' if bucket == 0 else 'validation' if bucket == 1 else 'train'
 
 
+def in_split(canonical: bytes | None, split: str) -> bool:
+  """Whether a problem with this canonical form belongs to `split`; a
+  None form (a problem every split shares) belongs to all of them."""
+  return canonical is None or split_of(canonical) == split
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanningTask:
   """A planning task (see the module docstring).
@@ -61,7 +70,8 @@ class PlanningTask:
     check_answers: (question_BxQ, answer_B) -> bool_B, independent.
     plan_correct: (question_BxQ, plan_BxP) -> bool_B, independent.
     decode: tokens -> text.
-    canonical: question row -> bytes deciding its split (None: no split
+    canonical: question row -> bytes deciding its split, or None for a
+      problem every split shares (None as the attribute: no split
       partition, as reasoning.py).
   """
 
@@ -129,7 +139,7 @@ class PlanningTask:
       keep = [
         i
         for i, q in enumerate(chunk['question'])
-        if split_of(self.canonical(q)) == split
+        if in_split(self.canonical(q), split)
       ][: num - have]
       parts.append({k: v[keep] for k, v in chunk.items()})
       have += len(keep)
