@@ -186,7 +186,7 @@ def test_countdown_facts_are_in_every_split_and_plans_are_split():
   task = pt.get_task('countdown')
 
   def problems(split, level, num):
-    data = task.make_split(split, (level,), num, seed=0, plan_len=12)
+    data = task.make_split(split, (level,), num, seed=0, plan_len=18)
     q = data['question']
     return {(*sorted(q_row[:-2]), q_row[-1]) for q_row in q.tolist()}
 
