@@ -155,8 +155,8 @@ def test_bad_flags_raise_before_compiling():
 
 @pytest.mark.slow
 def test_samplers_report_calls_tokens_and_the_python_loop_ratio():
-  """Per T: the md4-style Python loop, the same sampler jitted, the cached
-  one; NFE is exact (T uncached; at most min(T, L) cached)."""
+  """Per T: a per-step Python loop, the same sampler jitted (md4's loop),
+  the cached one; NFE is exact (T uncached; at most min(T, L) cached)."""
   T, L = 12, 8
   rows = samplers.main(
     [
@@ -190,4 +190,10 @@ def test_samplers_report_calls_tokens_and_the_python_loop_ratio():
     assert r['tokens_per_sec'] == pytest.approx(2 * L / r['seconds'])
     if r['T'] and r['sampler'] != 'baseline_python_loop':
       assert r['speedup_vs_baseline'] == pytest.approx(base / r['seconds'])
+  md4 = by['ancestral_jit_no_cache']['seconds']
+  assert by['ancestral_cached']['speedup_vs_md4_loop'] == pytest.approx(
+    md4 / by['ancestral_cached']['seconds']
+  )
+  others = [r for r in rows if r['sampler'] != 'ancestral_cached']
+  assert all(r['speedup_vs_md4_loop'] is None for r in others)
   assert '| ancestral_jit_no_cache | 12 | 12 |' in samplers.table(rows)
