@@ -168,7 +168,7 @@ def canonical(question_Q: np.ndarray) -> bytes | None:
   plan is built from. Numbers are atomic tokens, so a fact held out of
   training cannot be inferred from the others: splitting the facts left 8
   distinct test facts, most with training facts of the same numbers and
-  another target, and the direct ARM scored 13.5% on them, below the 40%
+  another target, and the direct ARM scored 13.5% on them, below the 41%
   of always answering '+'. Sharing them makes level 1 the check that the
   facts were learned, and levels 2-3 (disjoint by problem) the planning
   test.
