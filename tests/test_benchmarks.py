@@ -156,8 +156,9 @@ def test_bad_flags_raise_before_compiling():
 @pytest.mark.slow
 def test_samplers_report_calls_tokens_and_the_python_loop_ratio():
   """Per T: a per-step Python loop, the same sampler jitted (md4's loop),
-  the cached one; NFE is exact (T uncached; at most min(T, L) cached)."""
-  T, L = 12, 8
+  the cached one with and without logits_at; NFE is exact (T uncached; at
+  most min(T, L) cached). L = 32 so that logits_at applies (budget 16)."""
+  T, L = 12, 32
   rows = samplers.main(
     [
       f'--steps={T}',
@@ -176,11 +177,15 @@ def test_samplers_report_calls_tokens_and_the_python_loop_ratio():
     'baseline_python_loop',
     'ancestral_jit_no_cache',
     'ancestral_cached',
+    'ancestral_cached_full_pass',
     'confidence:tokens_per_step=4',
   }
   assert by['baseline_python_loop']['nfe'] == T
   assert by['ancestral_jit_no_cache']['nfe'] == T
   assert 1 <= by['ancestral_cached']['nfe'] <= min(T, L)
+  assert (
+    by['ancestral_cached_full_pass']['nfe'] == by['ancestral_cached']['nfe']
+  )
   assert by['confidence:tokens_per_step=4']['nfe'] == L // 4
   base = by['baseline_python_loop']['seconds']
   for r in rows:
@@ -191,9 +196,11 @@ def test_samplers_report_calls_tokens_and_the_python_loop_ratio():
     if r['T'] and r['sampler'] != 'baseline_python_loop':
       assert r['speedup_vs_baseline'] == pytest.approx(base / r['seconds'])
   md4 = by['ancestral_jit_no_cache']['seconds']
-  assert by['ancestral_cached']['speedup_vs_md4_loop'] == pytest.approx(
-    md4 / by['ancestral_cached']['seconds']
-  )
-  others = [r for r in rows if r['sampler'] != 'ancestral_cached']
+  cached = ('ancestral_cached', 'ancestral_cached_full_pass')
+  for name in cached:
+    assert by[name]['speedup_vs_md4_loop'] == pytest.approx(
+      md4 / by[name]['seconds']
+    )
+  others = [r for r in rows if r['sampler'] not in cached]
   assert all(r['speedup_vs_md4_loop'] is None for r in others)
   assert '| ancestral_jit_no_cache | 12 | 12 |' in samplers.table(rows)

@@ -269,6 +269,22 @@ class SelfAttention(nnx.Module):
     )
     return self.out(jnp.transpose(o_BxHxLxK, (0, 2, 1, 3)))
 
+  def at(self, x_BxLxD: jax.Array, idx_BxN: jax.Array) -> jax.Array:
+    """The layer's output at N positions per row, [B, N, D].
+
+    Keys and values come from all L positions, queries only from idx_BxN
+    (bidirectional layers: a causal one would need the query positions in
+    its mask).
+    """
+    if self.causal:
+      raise ValueError('SelfAttention.at needs a bidirectional layer.')
+    q, k, v = self.project(x_BxLxD)
+    q_BxHxNxK = jnp.take_along_axis(
+      q, idx_BxN[:, None, :, None], axis=2, mode='clip'
+    )
+    o_BxHxNxK = attend(q_BxHxNxK, k, v, causal=False, impl=self.impl)
+    return self.out(jnp.transpose(o_BxHxNxK, (0, 2, 1, 3)))
+
   def cached(
     self, x_BxNxD: jax.Array, cache: LayerCache, start
   ) -> tuple[jax.Array, LayerCache]:

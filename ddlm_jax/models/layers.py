@@ -267,19 +267,55 @@ class Block(nnx.Module):
 
     mask_BxL (if given) is passed on to the mixer, as mixer(h, mask_BxL).
     """
+    mix = lambda h: (self._mix(h, mask_BxL), None)
+    return self.residual(x_BxLxD, c_BxC, mix)[0]
+
+  def at(self, x_BxLxD: jax.Array, c_BxC, idx_BxN: jax.Array) -> jax.Array:
+    """The block's output at N positions per row, [B, N, D].
+
+    The mixer still reads all L positions; the MLP and the residual stream
+    run at the N positions only (the last block, when only some positions'
+    logits are needed). Subclasses with a cheaper mixer path override it.
+    """
+    mix = lambda h: (take_positions(self._mix(h, None), idx_BxN), None)
+    return self.residual(x_BxLxD, c_BxC, mix, idx_BxN)[0]
+
+  def residual(self, x_BxLxD, c_BxC, mix, idx_BxN=None):
+    """The residual arithmetic around a mixer: (output, mix's extra).
+
+    x + (1 + gate1) * mix(norm1(x) * (1 + scale1) + shift1), then the same
+    with the MLP (no modulation without cond_dim). `mix(h_BxLxD)` returns
+    (y, extra); with idx_BxN, y holds only those positions and the residual
+    stream continues at them.
+    """
     if self.modulation is None:
-      x_BxLxD = x_BxLxD + self._mix(self.norm1(x_BxLxD), mask_BxL)
-      return x_BxLxD + self.mlp(self.norm2(x_BxLxD))
-    if c_BxC is None:
+      mod = (None,) * 6
+    elif c_BxC is None:
       raise ValueError('This block is time-conditioned: pass c_BxC.')
-    mod_Bx6x1xD = self.modulation(c_BxC)[:, :, None, :].astype(x_BxLxD.dtype)
-    shift1, scale1, gate1, shift2, scale2, gate2 = [
-      mod_Bx6x1xD[:, i] for i in range(6)
-    ]
-    h = self.norm1(x_BxLxD) * (1 + scale1) + shift1
-    x_BxLxD = x_BxLxD + (1 + gate1) * self._mix(h, mask_BxL)
-    h = self.norm2(x_BxLxD) * (1 + scale2) + shift2
-    return x_BxLxD + (1 + gate2) * self.mlp(h)
+    else:
+      mod_Bx6x1xD = self.modulation(c_BxC)[:, :, None, :]
+      mod_Bx6x1xD = mod_Bx6x1xD.astype(x_BxLxD.dtype)
+      mod = [mod_Bx6x1xD[:, i] for i in range(6)]
+    shift1, scale1, gate1, shift2, scale2, gate2 = mod
+    y, extra = mix(_modulate(self.norm1(x_BxLxD), shift1, scale1))
+    if idx_BxN is not None:
+      x_BxLxD = take_positions(x_BxLxD, idx_BxN)
+    x_BxLxD = x_BxLxD + _gated(y, gate1)
+    h = _modulate(self.norm2(x_BxLxD), shift2, scale2)
+    return x_BxLxD + _gated(self.mlp(h), gate2), extra
+
+
+def _modulate(h, shift, scale):
+  return h if scale is None else h * (1 + scale) + shift
+
+
+def _gated(y, gate):
+  return y if gate is None else (1 + gate) * y
+
+
+def take_positions(x_BxLxD: jax.Array, idx_BxN: jax.Array) -> jax.Array:
+  """x at N positions per row: [B, N, D] (indices clipped to [0, L))."""
+  return jnp.take_along_axis(x_BxLxD, idx_BxN[..., None], axis=1, mode='clip')
 
 
 def sinusoidal_embedding(t_B: jax.Array, dim: int, max_period=10_000.0):

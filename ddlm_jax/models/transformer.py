@@ -4,7 +4,9 @@ Pre-norm blocks (`layers.Block`) with rotary positions, SwiGLU or GELU MLPs,
 bidirectional or causal attention, optional adaLN time conditioning, tied or
 untied head. The forward pass is split (`embed`, `backbone`, `logits`) so
 input layers such as soft-masking can replace the embedding and planners can
-read hidden states.
+read hidden states. `logits_at` gives a plain pass's logits at chosen
+positions only (the last block's queries, MLP and the head shrink to them),
+which the cached ancestral sampler uses for the positions a step reveals.
 
 Block diffusion (BD3-LM, `block_size > 0`): the input is concat(z_t, x) of
 length 2L, attention uses `MaskSpec.block_diffusion` and both halves share
@@ -154,21 +156,13 @@ class Block(layers.Block):
     replaced by `SelfAttention.cached` (which also returns the cache);
     tests/test_block_diffusion.py checks it against the full 2L pass.
     """
-    if self.modulation is None:
-      y, cache = self.attn.cached(self.norm1(x_BxNxD), cache, start)
-      x_BxNxD = x_BxNxD + y
-      return x_BxNxD + self.mlp(self.norm2(x_BxNxD)), cache
-    if c_BxC is None:
-      raise ValueError('This block is time-conditioned: pass c_BxC.')
-    mod_Bx6x1xD = self.modulation(c_BxC)[:, :, None, :].astype(x_BxNxD.dtype)
-    shift1, scale1, gate1, shift2, scale2, gate2 = [
-      mod_Bx6x1xD[:, i] for i in range(6)
-    ]
-    h = self.norm1(x_BxNxD) * (1 + scale1) + shift1
-    y, cache = self.attn.cached(h, cache, start)
-    x_BxNxD = x_BxNxD + (1 + gate1) * y
-    h = self.norm2(x_BxNxD) * (1 + scale2) + shift2
-    return x_BxNxD + (1 + gate2) * self.mlp(h), cache
+    mix = lambda h: self.attn.cached(h, cache, start)
+    return self.residual(x_BxNxD, c_BxC, mix)
+
+  def at(self, x_BxLxD: jax.Array, c_BxC, idx_BxN: jax.Array) -> jax.Array:
+    """`layers.Block.at` with queries only at the N positions."""
+    mix = lambda h: (self.attn.at(h, idx_BxN), None)
+    return self.residual(x_BxLxD, c_BxC, mix, idx_BxN)[0]
 
 
 class Transformer(nnx.Module):
@@ -310,6 +304,32 @@ class Transformer(nnx.Module):
       return self.logits(self.backbone(self.embed(tokens_BxL), t_B))
     ctx = self.block_diffusion_context(tokens_BxL.shape[1], size)
     return self.logits(self.backbone(self.embed(tokens_BxL), t_B, ctx=ctx))
+
+  def supports_logits_at(self) -> bool:
+    """Whether `logits_at` applies: a bidirectional plain (not BD3) model."""
+    return not (self.cfg.block_size or self.cfg.causal)
+
+  def logits_at(
+    self, tokens_BxL: jax.Array, t_B, idx_BxN: jax.Array
+  ) -> jax.Array:
+    """The logits of a plain pass at N positions per row, [B, N, V].
+
+    Only the last block's queries, MLP, final norm and head shrink to the N
+    positions; every earlier block runs on all L (their outputs are the
+    last block's keys and values). Samplers that know which positions they
+    will read (the ancestral reveal set) call this instead of __call__.
+    """
+    if not self.supports_logits_at():
+      raise ValueError(
+        'logits_at is for bidirectional plain passes (block_size = 0, '
+        'causal=False).'
+      )
+    x_BxLxD = self.embed(tokens_BxL)
+    c_BxC = self.condition(t_B)
+    for block in self.blocks[:-1]:
+      x_BxLxD = block(x_BxLxD, c_BxC)
+    x_BxNxD = self.blocks[-1].at(x_BxLxD, c_BxC, idx_BxN)
+    return self.logits(self.final_norm(x_BxNxD))
 
   # ------------------------------------------------- block-diffusion cache --
 

@@ -134,6 +134,13 @@ def log_probs(
 ) -> jax.Array:
   """One network call: filtered log p_theta(x0 | z), [B, L, V] float32."""
   logits = apply(z_BxL, t_B.astype(jnp.float32))
+  return filtered_log_probs(
+    logits, temperature=temperature, top_k=top_k, top_p=top_p
+  )
+
+
+def filtered_log_probs(logits, *, temperature, top_k, top_p) -> jax.Array:
+  """log_softmax of the filtered logits (any leading shape), float32."""
   logits = filter_logits(
     logits, temperature=temperature, top_k=top_k, top_p=top_p
   )
