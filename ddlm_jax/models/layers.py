@@ -275,10 +275,15 @@ class Block(nnx.Module):
 
     The mixer still reads all L positions; the MLP and the residual stream
     run at the N positions only (the last block, when only some positions'
-    logits are needed). Subclasses with a cheaper mixer path override it.
+    logits are needed).
     """
-    mix = lambda h: (take_positions(self._mix(h, None), idx_BxN), None)
+    mix = lambda h: (self._mix_at(h, idx_BxN), None)
     return self.residual(x_BxLxD, c_BxC, mix, idx_BxN)[0]
+
+  def _mix_at(self, h_BxLxD: jax.Array, idx_BxN: jax.Array) -> jax.Array:
+    """The mixer's output at N positions (all computed, then taken);
+    mixers with a cheaper path (attention: queries at N) override it."""
+    return take_positions(self._mix(h_BxLxD, None), idx_BxN)
 
   def residual(self, x_BxLxD, c_BxC, mix, idx_BxN=None):
     """The residual arithmetic around a mixer: (output, mix's extra).

@@ -159,10 +159,9 @@ class Block(layers.Block):
     mix = lambda h: self.attn.cached(h, cache, start)
     return self.residual(x_BxNxD, c_BxC, mix)
 
-  def at(self, x_BxLxD: jax.Array, c_BxC, idx_BxN: jax.Array) -> jax.Array:
-    """`layers.Block.at` with queries only at the N positions."""
-    mix = lambda h: (self.attn.at(h, idx_BxN), None)
-    return self.residual(x_BxLxD, c_BxC, mix, idx_BxN)[0]
+  def _mix_at(self, h_BxLxD: jax.Array, idx_BxN: jax.Array) -> jax.Array:
+    """Attention with queries only at the N positions."""
+    return self.attn.at(h_BxLxD, idx_BxN)
 
 
 class Transformer(nnx.Module):

@@ -399,5 +399,4 @@ def jump_fill(
       (z_BxL, jnp.int32(0), memory),
     )
     nfe = nfe.at[model].add(done)
-
   return z_BxL, nfe
