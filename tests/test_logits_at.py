@@ -76,6 +76,22 @@ def test_logits_at_equals_the_full_pass_at_those_positions(make):
   assert float(jnp.max(jnp.abs(want))) > 0.1  # Not a trivially zero head.
 
 
+def test_first_block_from_tokens_equals_the_block_on_embeddings():
+  """The per-token input norm and Q/K/V of a time-free first block (what
+  logits_at runs) give the block's output on the gathered embeddings."""
+  model = _transformer(seed=3)
+  z_BxL = jax.random.randint(jax.random.key(2), (BATCH, LENGTH), 0, VOCAB + 1)
+  table_VxD = model.embedding[...]
+  want = model.blocks[0](model.embed(z_BxL))
+  got = model.blocks[0].from_tokens(z_BxL, table_VxD)
+  # Matmuls over V rows instead of B * L round differently (~1e-5 here).
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  assert float(jnp.max(jnp.abs(want - model.embed(z_BxL)))) > 0.1
+  adaln = _transformer(time_conditioning=True)
+  with pytest.raises(ValueError, match='time-free'):
+    adaln.blocks[0].from_tokens(z_BxL, adaln.embedding[...])
+
+
 def test_logits_at_is_refused_where_it_does_not_apply():
   for kw in (dict(causal=True), dict(block_size=8)):
     model = Transformer(_config(**kw), rngs=nnx.Rngs(0))

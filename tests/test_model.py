@@ -88,6 +88,32 @@ def test_rotary_is_relative():
   np.testing.assert_allclose(dots[2, 9], dots[0, 7], rtol=1e-5)
 
 
+def test_rotary_positions_per_row_and_traced():
+  """Per-row positions [B, L] rotate each row at its own positions, and
+  traced positions give what known ones give."""
+  x_BxHxLxK = jax.random.normal(jax.random.key(0), (2, 3, 5, 8))
+  pos_BxL = jnp.array([[4, 0, 9, 9, 2], [1, 2, 3, 30, 7]])
+  got = rotary(x_BxHxLxK, 100.0, pos_BxL)
+  for b in range(2):
+    want = rotary(x_BxHxLxK[b : b + 1], 100.0, np.asarray(pos_BxL[b]))
+    np.testing.assert_allclose(got[b : b + 1], want, rtol=1e-6, atol=1e-6)
+  traced = jax.jit(lambda p: rotary(x_BxHxLxK, 100.0, p))(pos_BxL[0])
+  known = rotary(x_BxHxLxK, 100.0, np.asarray(pos_BxL[0]))
+  np.testing.assert_allclose(traced, known, rtol=1e-6, atol=1e-6)
+  assert not np.allclose(got[0], got[1])  # positions matter
+
+
+def test_dense_part_is_a_slice_of_the_full_output():
+  model = _model()
+  qkv = model.blocks[0].attn.qkv
+  x_BxLxD = jax.random.normal(jax.random.key(0), (2, 4, qkv.in_shape[0]))
+  full = qkv(x_BxLxD)
+  np.testing.assert_allclose(
+    qkv(x_BxLxD, part=slice(1, 3)), full[:, :, 1:3], rtol=1e-6, atol=1e-6
+  )
+  assert qkv(x_BxLxD, part=slice(1)).shape == full[:, :, :1].shape
+
+
 def test_every_parameter_has_logical_axes_with_rules():
   model = _model(time_conditioning=True)
   for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):

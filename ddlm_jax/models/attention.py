@@ -23,9 +23,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from ddlm_jax.models.layers import Dense
+from ddlm_jax.models.layers import Dense, take_positions
 
 # The same names as pallas_kernels.attention.api.IMPLS (a test checks);
 # spelled out here so that XLA-only users never import Pallas.
@@ -63,19 +64,39 @@ def rotary(
 
   `positions_L` (default 0..L-1) may repeat or start anywhere, and may be
   traced: block diffusion shares positions between its two halves and a
-  cached block sits at an offset.
+  cached block sits at an offset. Per-row positions [B, L] rotate each row
+  of x [B, H, L, K] at its own positions (queries taken at chosen indices).
   """
   length, dim = x_BxHxLxK.shape[-2], x_BxHxLxK.shape[-1]
+  cos, sin = rotary_tables(
+    np.arange(length) if positions_L is None else positions_L, dim, theta
+  )
+  if cos.ndim == 3:  # per-row positions: broadcast over the heads
+    cos, sin = cos[:, None], sin[:, None]
   half = dim // 2
-  if positions_L is None:
-    positions_L = jnp.arange(length)
-  freqs_F = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angles_LxF = jnp.asarray(positions_L, jnp.float32)[:, None] * freqs_F
-  cos, sin = jnp.cos(angles_LxF), jnp.sin(angles_LxF)
   x32 = x_BxHxLxK.astype(jnp.float32)
   x1, x2 = x32[..., :half], x32[..., half:]
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
   return out.astype(x_BxHxLxK.dtype)
+
+
+def rotary_tables(positions, dim: int, theta: float):
+  """(cos, sin) of the rotary angles, [..., L, dim / 2] float32.
+
+  Known positions give constants of the compiled program: computed inside
+  it, XLA:CPU fused cos and sin into the rotation and evaluated them once
+  per element of [B, H, L, K], which cost ~10% of a small model's forward.
+  Traced positions get a barrier, so the tables are computed once there
+  too.
+  """
+  half = dim // 2
+  with jax.ensure_compile_time_eval():
+    freqs_F = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles_LxF = jnp.asarray(positions, jnp.float32)[..., None] * freqs_F
+    cos, sin = jnp.cos(angles_LxF), jnp.sin(angles_LxF)
+  if isinstance(cos, jax.core.Tracer):
+    cos, sin = jax.lax.optimization_barrier((cos, sin))
+  return cos, sin
 
 
 def xla_attention(
@@ -248,7 +269,11 @@ class SelfAttention(nnx.Module):
 
   def project(self, x_BxLxD: jax.Array, positions_L=None):
     """(q, k, v) in [B, H, L, K], q and k rotated at `positions_L`."""
-    qkv_3xBxHxLxK = jnp.transpose(self.qkv(x_BxLxD), (2, 0, 3, 1, 4))
+    return self.rotate(self.qkv(x_BxLxD), positions_L)
+
+  def rotate(self, qkv_BxLx3xHxK: jax.Array, positions_L=None):
+    """(q, k, v) in [B, H, L, K] from the fused projection's output."""
+    qkv_3xBxHxLxK = jnp.transpose(qkv_BxLx3xHxK, (2, 0, 3, 1, 4))
     q, k, v = qkv_3xBxHxLxK[0], qkv_3xBxHxLxK[1], qkv_3xBxHxLxK[2]
     q = rotary(q, self.rope_theta, positions_L)
     k = rotary(k, self.rope_theta, positions_L)
@@ -257,13 +282,20 @@ class SelfAttention(nnx.Module):
   def __call__(
     self, x_BxLxD: jax.Array, ctx: AttentionContext | None = None
   ) -> jax.Array:
+    return self.from_projection(self.qkv(x_BxLxD), ctx)
+
+  def from_projection(
+    self, qkv_BxLx3xHxK: jax.Array, ctx: AttentionContext | None = None
+  ) -> jax.Array:
+    """The layer's output given its Q/K/V projection (`self.qkv(x)`),
+    which a caller may have computed more cheaply (per token)."""
     ctx = AttentionContext() if ctx is None else ctx
     if self.causal and ctx.mask is not None:
       raise ValueError(
         'a causal attention layer got a mask; build the model with '
         'causal=False to use masks such as block diffusion.'
       )
-    q, k, v = self.project(x_BxLxD, ctx.positions_L)
+    q, k, v = self.rotate(qkv_BxLx3xHxK, ctx.positions_L)
     o_BxHxLxK = attend(
       q, k, v, causal=self.causal, impl=self.impl, mask=ctx.mask
     )
@@ -272,17 +304,23 @@ class SelfAttention(nnx.Module):
   def at(self, x_BxLxD: jax.Array, idx_BxN: jax.Array) -> jax.Array:
     """The layer's output at N positions per row, [B, N, D].
 
-    Keys and values come from all L positions, queries only from idx_BxN
-    (bidirectional layers: a causal one would need the query positions in
-    its mask).
+    Keys and values come from all L positions, queries (projection
+    included) only from idx_BxN, clipped to [0, L) (bidirectional layers: a
+    causal one would need the query positions in its mask).
     """
     if self.causal:
       raise ValueError('SelfAttention.at needs a bidirectional layer.')
-    q, k, v = self.project(x_BxLxD)
-    q_BxHxNxK = jnp.take_along_axis(
-      q, idx_BxN[:, None, :, None], axis=2, mode='clip'
+    idx_BxN = jnp.clip(idx_BxN, 0, x_BxLxD.shape[1] - 1)
+    kv_2xBxHxLxK = jnp.transpose(
+      self.qkv(x_BxLxD, part=slice(1, 3)), (2, 0, 3, 1, 4)
     )
-    o_BxHxNxK = attend(q_BxHxNxK, k, v, causal=False, impl=self.impl)
+    k = rotary(kv_2xBxHxLxK[0], self.rope_theta)
+    q_BxNx1xHxK = self.qkv(take_positions(x_BxLxD, idx_BxN), part=slice(1))
+    q_BxHxNxK = jnp.transpose(q_BxNx1xHxK[:, :, 0], (0, 2, 1, 3))
+    q_BxHxNxK = rotary(q_BxHxNxK, self.rope_theta, idx_BxN)
+    o_BxHxNxK = attend(
+      q_BxHxNxK, k, kv_2xBxHxLxK[1], causal=False, impl=self.impl
+    )
     return self.out(jnp.transpose(o_BxHxNxK, (0, 2, 1, 3)))
 
   def cached(

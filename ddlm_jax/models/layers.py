@@ -94,21 +94,31 @@ class Dense(nnx.Module):
     # LM head sets float32 so bf16 logits are not rounded before softmax.
     self.out_dtype = out_dtype
 
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, part: slice | None = None) -> jax.Array:
+    """x [..., *in_shape] -> [..., *out_shape].
+
+    `part` keeps a slice of the first output axis only, so a fused
+    projection (attention's Q/K/V) can compute some of its outputs.
+    """
     # One 2-D matmul: XLA's CPU backend runs [M, K] x [K, N] (and its
     # transposes in the backward pass) much faster than batched einsums.
     n_in = len(self.in_shape)
     lead = x.shape[: x.ndim - n_in]
     k = math.prod(self.in_shape)
-    kernel_KxN = self.kernel[...].astype(self.dtype).reshape(k, -1)
+    kernel, bias = self.kernel[...], self.bias
+    bias = None if bias is None else bias[...]
+    if part is not None:
+      kernel = kernel[(slice(None),) * n_in + (part,)]
+      bias = None if bias is None else bias[part]
+    out_shape = kernel.shape[n_in:]
     y_MxN = jnp.matmul(
       x.astype(self.dtype).reshape(-1, k),
-      kernel_KxN,
+      kernel.astype(self.dtype).reshape(k, -1),
       preferred_element_type=self.out_dtype,
     )
-    y = y_MxN.reshape(lead + self.out_shape)
-    if self.bias is not None:
-      y = y + self.bias[...].astype(y.dtype)
+    y = y_MxN.reshape(lead + out_shape)
+    if bias is not None:
+      y = y + bias.astype(y.dtype)
     return y
 
 

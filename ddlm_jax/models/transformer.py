@@ -163,6 +163,23 @@ class Block(layers.Block):
     """Attention with queries only at the N positions."""
     return self.attn.at(h_BxLxD, idx_BxN)
 
+  def from_tokens(self, tokens_BxL: jax.Array, table_VxD: jax.Array):
+    """A time-free block applied to the embeddings table_VxD[tokens_BxL].
+
+    The input norm and the Q/K/V projection act on each position alone, so
+    they run on the V rows of the table and are gathered, instead of on
+    all B * L positions (worth it when V < B * L): the first block of a
+    sampling pass, whose inputs are token embeddings.
+    """
+    if self.modulation is not None:
+      raise ValueError('from_tokens needs a time-free block.')
+    qkv_VxTxHxK = self.attn.qkv(self.norm1(table_VxD))
+    qkv_BxLxTxHxK = jnp.take(qkv_VxTxHxK, tokens_BxL, axis=0)
+    # The residual's own norm1(x) is unused here, and compiled away.
+    mix = lambda _: (self.attn.from_projection(qkv_BxLxTxHxK), None)
+    x_BxLxD = jnp.take(table_VxD, tokens_BxL, axis=0)
+    return self.residual(x_BxLxD, None, mix)[0]
+
 
 class Transformer(nnx.Module):
   """tokens_BxL (+ t_B) -> logits_BxLxV."""
@@ -315,17 +332,30 @@ class Transformer(nnx.Module):
 
     Only the last block's queries, MLP, final norm and head shrink to the N
     positions; every earlier block runs on all L (their outputs are the
-    last block's keys and values). Samplers that know which positions they
-    will read (the ancestral reveal set) call this instead of __call__.
+    last block's keys and values). A time-free first block gets its input
+    norm and Q/K/V per token (`Block.from_tokens`). Samplers that know
+    which positions they will read (the ancestral reveal set) call this
+    instead of __call__.
     """
     if not self.supports_logits_at():
       raise ValueError(
         'logits_at is for bidirectional plain passes (block_size = 0, '
         'causal=False).'
       )
-    x_BxLxD = self.embed(tokens_BxL)
     c_BxC = self.condition(t_B)
-    for block in self.blocks[:-1]:
+    blocks = list(self.blocks[:-1])
+    table_VxD = self.embedding[...].astype(DTYPES[self.cfg.dtype])
+    if (
+      c_BxC is None
+      and tokens_BxL.ndim == 2
+      and blocks
+      and isinstance(blocks[0], Block)
+      and table_VxD.shape[0] < tokens_BxL.size
+    ):
+      x_BxLxD = blocks.pop(0).from_tokens(tokens_BxL, table_VxD)
+    else:
+      x_BxLxD = self.embed(tokens_BxL)
+    for block in blocks:
       x_BxLxD = block(x_BxLxD, c_BxC)
     x_BxNxD = self.blocks[-1].at(x_BxLxD, c_BxC, idx_BxN)
     return self.logits(self.final_norm(x_BxNxD))

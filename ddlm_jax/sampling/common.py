@@ -190,15 +190,30 @@ def predict(apply, z_BxL, t_B, memory, *, temperature, top_k, top_p):
   return logp, (logits.astype(jnp.float32), jnp.bool_(True))
 
 
-def row_gumbel(row_keys_B: jax.Array, step_B: jax.Array, shape) -> jax.Array:
-  """Gumbel noise for row b at step step_B[b]: [B, *shape].
+def row_gumbel(
+  row_keys_B: jax.Array,
+  step_B: jax.Array,
+  shape: tuple[int, int],
+  positions_BxN: jax.Array | None = None,
+) -> jax.Array:
+  """Gumbel noise [B, L, V] for row b at step step_B[b] (shape = (L, V)).
 
-  Keyed by (row, step) only, so a sampler that skips a row's idle steps
-  draws exactly the tokens that the step-by-step sampler draws.
+  Keyed by (row, step, position) only, so a sampler that skips a row's idle
+  steps, or reads only some positions (`positions_BxN`: the noise there,
+  [B, N, V]), draws exactly the tokens that the step-by-step sampler draws.
   """
-  return jax.vmap(lambda k, i: gumbel(jax.random.fold_in(k, i), shape))(
-    row_keys_B, step_B
-  )
+  length, vocab = shape
+  if positions_BxN is None:
+    positions_BxN = jnp.broadcast_to(
+      jnp.arange(length), (row_keys_B.shape[0], length)
+    )
+
+  def row(key, step, positions_N):
+    key = jax.random.fold_in(key, step)
+    draw = lambda p: gumbel(jax.random.fold_in(key, p), (vocab,))
+    return jax.vmap(draw)(positions_N)
+
+  return jax.vmap(row)(row_keys_B, step_B, positions_BxN)
 
 
 def alpha_inverse(schedule, alpha: jax.Array, iters: int = 40) -> jax.Array:

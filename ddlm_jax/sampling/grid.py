@@ -11,7 +11,7 @@ Randomness is keyed so that different executions of the same chain agree:
 each position carries a residual uniform v; at step i a masked position is
 revealed iff v < p_i, otherwise v <- (v - p_i) / (1 - p_i), which is again
 uniform given that it was not revealed. Revealed tokens are drawn by
-Gumbel-max with noise keyed by (row, step). Hence:
+Gumbel-max with noise keyed by (row, step, position). Hence:
 
 * `stepwise_fill` walks every step. With use_cache, a step whose batch did
   not change reuses the previous prediction (MDLM's ddpm_cache).
@@ -305,8 +305,8 @@ def _fill_positions(
   """An ancestral reveal that runs the network only at the revealed positions.
 
   Same tokens as the full pass: the logits at a position do not depend on
-  which other positions are read, and the Gumbel noise is the row's full
-  [L, V] draw (keyed by row and step) taken at those positions. At most
+  which other positions are read, and the Gumbel noise is keyed by row,
+  step and position, so it is drawn at those positions only. At most
   `budget` positions per row (the caller checks), padded with index L,
   which the final scatter drops.
   """
@@ -316,9 +316,8 @@ def _fill_positions(
   )(reveal_BxL)
   logits_BxNxV = at(z_BxL, t_B.astype(jnp.float32), idx_BxN)
   logp_BxNxV = filtered_log_probs(logits_BxNxV, **filters)
-  noise_BxLxV = row_gumbel(row_keys, cur_B, (length, logits_BxNxV.shape[-1]))
-  noise_BxNxV = jnp.take_along_axis(
-    noise_BxLxV, idx_BxN[..., None], axis=1, mode='clip'
+  noise_BxNxV = row_gumbel(
+    row_keys, cur_B, (length, logits_BxNxV.shape[-1]), idx_BxN
   )
   tokens_BxN = jnp.argmax(logp_BxNxV + noise_BxNxV, axis=-1).astype(jnp.int32)
   rows_Bx1 = jnp.arange(batch)[:, None]
