@@ -2,10 +2,10 @@
 
 The process family (which samplers apply), the initial state from an
 optional prompt (conditioning: prefix prompts and infilling), the filtered
-log-probabilities of one network call, Gumbel noise keyed by (row, step) so
-that two samplers that visit the same states draw the same tokens, the
-inverse of a schedule (a time for a masked fraction), and top-n selection
-of positions by a score.
+log-probabilities of one network call, Gumbel noise keyed by (row, step,
+position) so that two samplers that visit the same states draw the same
+tokens, the inverse of a schedule (a time for a masked fraction), and top-n
+selection of positions by a score.
 """
 
 from __future__ import annotations

@@ -270,7 +270,8 @@ def masked_fill(
 
   The same key gives the tokens of grid.stepwise_fill (use_cache=False):
   per-position residual uniforms decide reveals, Gumbel noise keyed by
-  (row, step) draws tokens, and fold_in(remask key, step) the remasking.
+  (row, step, position) draws tokens, and fold_in(remask key, step) the
+  remasking.
   """
   batch = z_BxL.shape[0]
   mask_id, steps = process.mask_id, grid.num_steps

@@ -11,8 +11,9 @@ is a `jax.lax.fori_loop` over the T uncached steps; its ratio to the
 baseline is what compiling the loop buys), the cached ancestral sampler
 (what caching buys on top), and the samplers named in --fixed once (their
 NFE does not depend on T). The cached sampler gets the model itself, whose
-`logits_at` lets a call run the last block and the head only at the
-positions its step reveals; `ancestral_cached_full_pass` (--full_pass_row)
+`logits_at` lets a call run the last block's queries, MLP and the head
+only at the positions its step reveals (and a time-free first block's
+Q/K/V per token); `ancestral_cached_full_pass` (--full_pass_row)
 is the same sampler with a full pass per call, so the two rows separate
 what that buys from what caching buys. Reports NFE, seconds, ms per
 network call, samples/s, tokens/s and the speed-ups over the baseline and
