@@ -72,7 +72,9 @@ def test_logits_at_equals_the_full_pass_at_those_positions(make):
   want = jnp.take_along_axis(full_BxLxV, idx_BxN[..., None], axis=1)
   got = model.logits_at(z_BxL, t_B, idx_BxN)
   assert got.shape == (BATCH, 4, VOCAB)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  # Shorter matmuls and the per-token first block round differently (up
+  # to ~1.4e-5 on logits of size ~4 with jax 0.12); a wrong path is O(1).
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
   assert float(jnp.max(jnp.abs(want))) > 0.1  # Not a trivially zero head.
 
 

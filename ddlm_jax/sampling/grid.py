@@ -25,7 +25,10 @@ Gumbel-max with noise keyed by (row, step, position). Hence:
   it will read: a network with `logits_at` (models.Transformer) runs its
   last block's queries, MLP and head only there (`reveal_budget` positions
   per row; a step that reveals more takes the full pass), and the Gumbel
-  noise is drawn there only: ~0.77x of a full 4-layer call.
+  noise is drawn there only: ~0.77x of a full 4-layer call. Its logits
+  equal the full pass's up to float rounding (~1e-6 relative: shorter
+  matmuls), so a token can differ only where two candidates tie to that
+  precision.
 """
 
 from __future__ import annotations
