@@ -232,6 +232,11 @@ class AttentionContext:
   positions_L: Any = None  # noqa: N815
 
 
+def _heads_first(x_BxLxPxHxK: jax.Array) -> jax.Array:
+  """A fused projection's P parts, [P, B, H, L, K] (unpack as q, k, v)."""
+  return jnp.transpose(x_BxLxPxHxK, (2, 0, 3, 1, 4))
+
+
 class SelfAttention(nnx.Module):
   """Fused QKV projection, rotary positions, `attend`, output projection."""
 
@@ -273,8 +278,7 @@ class SelfAttention(nnx.Module):
 
   def rotate(self, qkv_BxLx3xHxK: jax.Array, positions_L=None):
     """(q, k, v) in [B, H, L, K] from the fused projection's output."""
-    qkv_3xBxHxLxK = jnp.transpose(qkv_BxLx3xHxK, (2, 0, 3, 1, 4))
-    q, k, v = qkv_3xBxHxLxK[0], qkv_3xBxHxLxK[1], qkv_3xBxHxLxK[2]
+    q, k, v = _heads_first(qkv_BxLx3xHxK)
     q = rotary(q, self.rope_theta, positions_L)
     k = rotary(k, self.rope_theta, positions_L)
     return q, k, v
@@ -311,16 +315,12 @@ class SelfAttention(nnx.Module):
     if self.causal:
       raise ValueError('SelfAttention.at needs a bidirectional layer.')
     idx_BxN = jnp.clip(idx_BxN, 0, x_BxLxD.shape[1] - 1)
-    kv_2xBxHxLxK = jnp.transpose(
-      self.qkv(x_BxLxD, part=slice(1, 3)), (2, 0, 3, 1, 4)
-    )
-    k = rotary(kv_2xBxHxLxK[0], self.rope_theta)
-    q_BxNx1xHxK = self.qkv(take_positions(x_BxLxD, idx_BxN), part=slice(1))
-    q_BxHxNxK = jnp.transpose(q_BxNx1xHxK[:, :, 0], (0, 2, 1, 3))
+    k, v = _heads_first(self.qkv(x_BxLxD, part=slice(1, 3)))
+    k = rotary(k, self.rope_theta)
+    h_BxNxD = take_positions(x_BxLxD, idx_BxN)
+    (q_BxHxNxK,) = _heads_first(self.qkv(h_BxNxD, part=slice(1)))
     q_BxHxNxK = rotary(q_BxHxNxK, self.rope_theta, idx_BxN)
-    o_BxHxNxK = attend(
-      q_BxHxNxK, k, kv_2xBxHxLxK[1], causal=False, impl=self.impl
-    )
+    o_BxHxNxK = attend(q_BxHxNxK, k, v, causal=False, impl=self.impl)
     return self.out(jnp.transpose(o_BxHxNxK, (0, 2, 1, 3)))
 
   def cached(

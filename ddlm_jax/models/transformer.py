@@ -344,14 +344,14 @@ class Transformer(nnx.Module):
       )
     c_BxC = self.condition(t_B)
     blocks = list(self.blocks[:-1])
-    table_VxD = self.embedding[...].astype(DTYPES[self.cfg.dtype])
     if (
       c_BxC is None
       and tokens_BxL.ndim == 2
       and blocks
       and isinstance(blocks[0], Block)
-      and table_VxD.shape[0] < tokens_BxL.size
+      and self.cfg.input_vocab_size < tokens_BxL.size
     ):
+      table_VxD = self.embedding[...].astype(DTYPES[self.cfg.dtype])
       x_BxLxD = blocks.pop(0).from_tokens(tokens_BxL, table_VxD)
     else:
       x_BxLxD = self.embed(tokens_BxL)
