@@ -89,6 +89,7 @@ LONG = dict(q_shape=(2, 4, 1024, 64), k_shape=(2, 2, 1024, 64))
     ('gpu', 'causal', 'float16', LONG, 'cudnn'),
     ('gpu', 'causal', 'float32', LONG, 'xla'),  # cuDNN: half precision only
     ('gpu', 'block_diffusion', 'bfloat16', LONG, 'xla'),  # no cuDNN mask
+    ('gpu', 'block_causal', 'bfloat16', LONG, 'pallas'),  # measured on H200
     ('gpu', 'causal', 'bfloat16', dict(q_shape=(2, 4, 256, 64),
                                        k_shape=(2, 2, 256, 64)), 'xla'),
     ('tpu', 'block_diffusion', 'float32', LONG, 'splash'),
