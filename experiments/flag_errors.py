@@ -8,11 +8,15 @@ a FlagValues of their own.
 
 from __future__ import annotations
 
+import ast
+import difflib
 import sys
 
 from absl import flags
 
-from ddlm_jax.training.config import RENAMED_KEYS
+from ddlm_jax.training.config import RENAMED_KEYS, apply_overrides
+
+PROCESS_PREFIX = '--config.process.'
 
 
 def renamed_flag(argv) -> str | None:
@@ -36,6 +40,62 @@ def renamed_flag(argv) -> str | None:
   return None
 
 
+def split_process_flags(argv):
+  """(argv without them, {key: text}) of the --config.process.* flags.
+
+  Only when one of them sets process.kind: the process block then holds
+  another family's keys, which ml-collections cannot override before the
+  kind is switched. Otherwise argv is returned as it is.
+  """
+  found, rest, i = {}, [argv[0]], 1
+  while i < len(argv):
+    arg = argv[i]
+    if arg.startswith(PROCESS_PREFIX):
+      name, eq, value = arg.partition('=')
+      if not eq and i + 1 < len(argv):
+        value, i = argv[i + 1], i + 1
+      found[name.removeprefix('--config.')] = value
+    else:
+      rest.append(arg)
+    i += 1
+  if 'process.kind' not in found:
+    return list(argv), {}
+  return rest, found
+
+
+def _typed(text: str, default):
+  """A flag's text as the type of the setting's default."""
+  if isinstance(default, bool):
+    if text.lower() not in ('true', 'false', '1', '0'):
+      raise ValueError(f'expected True or False, got {text!r}')
+    return text.lower() in ('true', '1')
+  if isinstance(default, (int, float)):
+    return type(default)(ast.literal_eval(text))
+  return text
+
+
+def apply_process_flags(config, found: dict) -> None:
+  """Switches config.process to the flagged kind, then sets the others."""
+  dotted = {'process.kind': found['process.kind']}
+  apply_overrides(config, dotted)
+  for key, text in found.items():
+    if key == 'process.kind':
+      continue
+    leaf = key.removeprefix('process.')
+    if leaf not in config.process:
+      names = sorted(k for k in config.process if k != 'kind')
+      close = difflib.get_close_matches(leaf, names, n=1)
+      hint = f'did you mean process.{close[0]}? ' if close else ''
+      raise ValueError(
+        f'--config.{key}: process.kind={found["process.kind"]!r} has no '
+        f'setting {leaf!r}; {hint}it takes {names}.'
+      )
+    try:
+      config.process[leaf] = _typed(text, config.process[leaf])
+    except (ValueError, SyntaxError, TypeError) as err:
+      raise ValueError(f'--config.{key}={text}: {err}') from None
+
+
 def parse_flags(argv, flag_values=None):
   """absl's flag parsing, with a one-line error for a bad override.
 
@@ -45,8 +105,25 @@ def parse_flags(argv, flag_values=None):
   --verbosity). A renamed key (--config.data.batch_size) names its new
   flag instead. `flag_values`: absl's global FLAGS unless given (tests).
   """
+  argv, process_flags = split_process_flags(argv)
+  flag_values = flags.FLAGS if flag_values is None else flag_values
+  # ml-collections reads --config.* overrides from sys.argv itself.
+  saved_argv = sys.argv
+  if process_flags:
+    sys.argv = list(argv)
   try:
-    return (flags.FLAGS if flag_values is None else flag_values)(argv)
+    try:
+      rest = flag_values(argv)
+    finally:
+      sys.argv = saved_argv
+    if process_flags and 'config' in flag_values:
+      apply_process_flags(flag_values['config'].value, process_flags)
+    return rest
+  except ValueError as err:
+    if any(a.startswith(('--verbosity', '-v')) for a in argv[1:]):
+      raise
+    print(f'error: bad flag: {err}', file=sys.stderr)
+    sys.exit(2)
   except (AttributeError, KeyError, flags.Error) as err:
     if any(a.startswith(('--verbosity', '-v')) for a in argv[1:]):
       raise

@@ -382,7 +382,11 @@ def test_one_token_blocks_give_the_ar_likelihood():
     nelbo_QxP = jax.jit(
       jax.vmap(
         lambda t, p=process: p.bound(
-          logits, x_PxL, z_PxL, jnp.full((16, L), t)
+          logits,
+          x_PxL,
+          z_PxL,
+          jnp.full((16, L), t),
+          p.schedule.weight(jnp.full((16, L), t)),
         )[1]
       )
     )(t_Q)
@@ -418,10 +422,11 @@ def test_vectorised_pass_equals_the_per_block_loop():
   logits = np.random.default_rng(1).normal(size=(B, L, V)).astype(np.float32)
   z = np.where(np.arange(L) % 3 == 0, V, x)
   t = np.full((B, L // bs), 0.5, np.float32)
+  w = _process(bs).schedule.weight(t)  # -alpha'/(1 - alpha) at each block
   objective, nelbo, elbo_nelbo = jax.jit(
     lambda: (
-      *_process(bs, loss_type='simple_ce').bound(logits, x, z, t, pad)[:2],
-      _process(bs).bound(logits, x, z, t, pad)[1],
+      *_process(bs, loss_type='simple_ce').bound(logits, x, z, t, w, pad)[:2],
+      _process(bs).bound(logits, x, z, t, w, pad)[1],
     )
   )()
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))

@@ -436,7 +436,9 @@ def test_paper_smoke_presets_build_data_and_model(name, tmp_path):
     'validation', seq_len=c.data.seq_len, batch_size=c.eval.batch_size
   )
   assert len(ev) >= c.eval.final_num_batches
-  process = builders.build_process(c.process, data.tokenizer.vocab_size)
+  process = builders.make_process(
+    builders.process_settings(c.process), data.tokenizer.vocab_size
+  )
   builders.model_config(c.model, process)
   reloaded = tokenizers.load_tokenizer(tmp_path / 'run' / 'tokenizer')
   assert reloaded == data.tokenizer

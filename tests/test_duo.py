@@ -347,7 +347,13 @@ def test_forwards_the_base_interface():
   assert proc.schedule is proc.base.schedule
   assert proc.family == 'uniform' and proc.requires_time_conditioning
   assert proc.uses_step and not proc.causal
-  assert proc.denoiser_log_probs == proc.base.denoiser_log_probs
+  logits = jax.random.normal(jax.random.key(0), (2, 3, V))
+  z, t = jnp.zeros((2, 3), jnp.int32), jnp.full((2,), 0.4)
+  np.testing.assert_array_equal(
+    proc.denoiser_log_probs(logits, z, t),
+    proc.base.denoiser_log_probs(logits, z, t),
+  )
+  assert proc.loo_log_probs == proc.base.loo_log_probs  # via __getattr__
   # The curriculum's process: the base with the window schedule on [0, 1].
   window = proc.window
   assert window.schedule == duo.GaussianArgmaxSchedule(V, -2.0, 1.0)

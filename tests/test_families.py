@@ -108,16 +108,38 @@ def test_simple_ce_config_builds_the_simple_ce_process():
   is tested in test_diffusion; training it end to end adds nothing the
   quickstart smoke run does not already check)."""
   c = _config(mdlm_ce, 'smoke')
-  process = builders.check_process_config(
-    c.process, c.model, c.data.seq_len, c.get('soft_mask')
+  process = builders.check_process(
+    builders.process_settings(c.process),
+    c.model,
+    c.data.seq_len,
+    c.get('soft_mask'),
   )
   assert process.loss_type == 'simple_ce' and process.family == 'masked'
 
 
 def test_process_families_are_declared_for_every_kind():
-  assert set(builders.FAMILIES) == set(builders.PROCESSES)
-  for kind, family in builders.FAMILIES.items():
-    assert builders.process_family(kind) == family
+  """Every registered kind builds a process of the family its config
+  declares, implementing the contract of that family."""
+  from ddlm_jax.diffusion import base
+
+  want = {
+    'mdlm': 'masked',
+    'md4': 'masked',
+    'ar': 'autoregressive',
+    'udlm': 'uniform',
+    'duo': 'uniform',
+    'interpolating': 'interpolating',
+    'bd3': 'block',
+  }
+  assert set(want) <= set(base.registered_kinds())
+  for kind, family in want.items():
+    settings = base.process_config({'kind': kind})
+    process = settings.build(8)
+    assert settings.family == process.family == family
+    assert isinstance(process, base.Process)
+    diffusion = family != 'autoregressive'
+    assert isinstance(process, base.DiffusionProcess) == diffusion
+    assert isinstance(process, base.BlockProcess) == (family == 'block')
 
 
 def test_clip_search_bands_are_checked():

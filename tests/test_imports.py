@@ -268,3 +268,48 @@ def test_private_names_stay_in_their_module(tmp_path):
   (pkg / 'b.py').write_text('from pkg.a import _helper\n')
   assert private_imports(tmp_path, ('pkg',)) == ['pkg/b.py:1 _helper']
   assert private_imports() == []
+
+
+# Inside ddlm_jax the foundation layers (the math, the networks, the data)
+# import nothing from the layers built on them; `tasks` and `interop` sit on
+# top with the loop. A new family or backbone therefore cannot reach into a
+# sampler or the trainer, which is what keeps it two files and no edits.
+LOWER = ('diffusion', 'models', 'data', 'parallel')
+UPPER = ('sampling', 'evaluation', 'training', 'tasks', 'interop', 'planning')
+
+
+def layer_violations(raw, modules, root=ROOT):
+  """'path:line imports X' for each foundation module importing upward."""
+  bad = []
+  for module, found in raw.items():
+    parts = module.split('.')
+    if parts[0] != 'ddlm_jax' or len(parts) < 2 or parts[1] not in LOWER:
+      continue
+    for target, line in found:
+      tparts = target.split('.')
+      if tparts[0] == 'ddlm_jax' and len(tparts) > 1 and tparts[1] in UPPER:
+        path = modules[module][0].relative_to(root)
+        bad.append(f'{path}:{line} imports {target}')
+  return bad
+
+
+def test_foundation_layers_import_nothing_above_them():
+  _, _, raw, modules = import_graph()
+  bad = layer_violations(raw, modules)
+  assert not bad, 'foundation layer imports an upper layer:\n' + '\n'.join(bad)
+
+
+def test_layer_rule_catches_a_planted_upward_import(tmp_path):
+  pkg = tmp_path / 'ddlm_jax'
+  for sub in ('diffusion', 'sampling'):
+    (pkg / sub).mkdir(parents=True)
+    (pkg / sub / '__init__.py').write_text('')
+  (pkg / '__init__.py').write_text('')
+  (pkg / 'diffusion' / 'x.py').write_text(
+    'def f():\n  from ddlm_jax.sampling import y\n'
+  )
+  (pkg / 'sampling' / 'y.py').write_text('')
+  _, _, raw, modules = import_graph(tmp_path, ('ddlm_jax',))
+  assert layer_violations(raw, modules, tmp_path) == [
+    'ddlm_jax/diffusion/x.py:2 imports ddlm_jax.sampling.y'
+  ]

@@ -134,7 +134,9 @@ def test_soft_masking_wraps_the_hybrid_ssm_backbone():
   c.model.backbone, c.model.pattern, c.model.state_size = 'hybrid', 'AS', 8
   c.model.depth = 2
   c.model.scan_impl = 'reference'  # Compiles faster; same numbers.
-  process = builders.build_process(c.process, V, c.soft_mask)
+  process = builders.make_process(
+    builders.process_settings(c.process), V, c.soft_mask
+  )
   model = builders.model_builder(c.model, process, c.soft_mask)(nnx.Rngs(0))
   assert type(model.net).__name__ == 'HybridTransformer'
   z = jnp.array([[V, 1, V, 3, V, 5, 6, V]])
@@ -324,9 +326,11 @@ def test_soft_masking_with_the_ar_twin_is_refused():
   from ddlm_jax.training import builders
 
   c = sm_continue.get_config('sm,smoke')
-  c.process.kind = 'ar'
+  settings = builders.process_settings({'kind': 'ar'})
   with pytest.raises(ValueError, match='masked-diffusion'):
-    builders.build_process(c.process, 10, c.soft_mask)
+    builders.make_process(settings, 10, c.soft_mask)
+  with pytest.raises(ValueError, match='masked-diffusion'):
+    builders.check_process(settings, c.model, c.data.seq_len, c.soft_mask)
 
 
 def test_unknown_arm_is_a_clear_error():

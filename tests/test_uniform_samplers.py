@@ -602,12 +602,13 @@ def test_process_family_and_prompts():
   assert process_family(make_process('interpolating')) == 'interpolating'
   assert process_family(make_process('masked')) == 'masked'
 
-  class Legacy:  # A masked process from before `family` existed.
+  class Undeclared:  # Duck-typed: not a ddlm_jax.diffusion.base.Process.
     schedule = SCHEDULE
     mask_id = V
     vocab_size = V
 
-  assert process_family(Legacy()) == 'masked'
+  with pytest.raises(TypeError, match='diffusion.base.Process'):
+    process_family(Undeclared())
   uniform = make_process('uniform')
   tokens = jnp.array([[2, 1, 0]])
   keep = jnp.array([[True, False, True]])

@@ -1,14 +1,42 @@
-"""Forward processes and losses as pure functions."""
+"""Forward processes and losses as pure functions.
+
+Every family module is imported here, so its config class is registered
+(`ddlm_jax.diffusion.base.ProcessConfig.register`) once the package is.
+"""
 
 from ddlm_jax.diffusion.autoregressive import Autoregressive
+from ddlm_jax.diffusion.base import (
+  BlockProcess,
+  DiffusionProcess,
+  Process,
+  ProcessConfig,
+  process_config,
+  registered_kinds,
+)
+from ddlm_jax.diffusion.block import BlockDiffusion
+from ddlm_jax.diffusion.duo import DuoDiffusion
+from ddlm_jax.diffusion.interpolating import InterpolatingDiffusion
 from ddlm_jax.diffusion.masked import MaskedDiffusion
+from ddlm_jax.diffusion.mix_scale import MixScaleBlockDiffusion
 from ddlm_jax.diffusion.schedules import Schedule, get_schedule
+from ddlm_jax.diffusion.soft_masking import SoftMaskedDiffusion
+from ddlm_jax.diffusion.uniform import UniformDiffusion
 
-__all__ = ['Autoregressive', 'MaskedDiffusion', 'Schedule', 'get_schedule']
-from ddlm_jax.diffusion.interpolating import InterpolatingDiffusion  # noqa: E402
-from ddlm_jax.diffusion.uniform import UniformDiffusion  # noqa: E402
-
-__all__ += ['InterpolatingDiffusion', 'UniformDiffusion']
-from ddlm_jax.diffusion.block import BlockDiffusion  # noqa: E402
-
-__all__ += ['BlockDiffusion']
+__all__ = [
+  'Autoregressive',
+  'BlockDiffusion',
+  'BlockProcess',
+  'DiffusionProcess',
+  'DuoDiffusion',
+  'InterpolatingDiffusion',
+  'MaskedDiffusion',
+  'MixScaleBlockDiffusion',
+  'Process',
+  'ProcessConfig',
+  'Schedule',
+  'SoftMaskedDiffusion',
+  'UniformDiffusion',
+  'get_schedule',
+  'process_config',
+  'registered_kinds',
+]

@@ -8,15 +8,17 @@ diffusion NELBO on the same windows.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from ddlm_jax.diffusion.masked import ApplyFn, token_cross_entropy
+from ddlm_jax.diffusion.base import ApplyFn, Process, ProcessConfig
+from ddlm_jax.diffusion.masked import token_cross_entropy
 
 
 @dataclasses.dataclass(frozen=True)
-class Autoregressive:
+class Autoregressive(Process):
   """Next-token prediction with a causal network; exact NLL."""
 
   vocab_size: int
@@ -44,9 +46,11 @@ class Autoregressive:
     key: jax.Array,
     x_BxL: jax.Array,
     loss_mask_BxL: jax.Array | None = None,
+    *,
+    step=None,
   ):
-    """Exact NLL; same signature and returns as MaskedDiffusion.loss."""
-    del key
+    """Exact NLL; same signature and returns as every process's loss."""
+    del key, step
     t_B = jnp.zeros((x_BxL.shape[0],), jnp.float32)
     logits_BxLxV = apply(self.shift_right(x_BxL), t_B)
     nll_BxL = token_cross_entropy(logits_BxLxV, x_BxL)
@@ -54,3 +58,14 @@ class Autoregressive:
       nll_BxL = nll_BxL * loss_mask_BxL
     nll_B = nll_BxL.sum(-1)
     return nll_B, nll_B, {}
+
+
+@ProcessConfig.register('ar')
+@dataclasses.dataclass(frozen=True)
+class AutoregressiveConfig(ProcessConfig):
+  """config.process of the AR twin: nothing to set besides the kind."""
+
+  family: ClassVar[str] = 'autoregressive'
+
+  def build(self, vocab_size: int) -> Autoregressive:
+    return Autoregressive(vocab_size=vocab_size)

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ddlm_jax.diffusion.base import BlockProcess
 from ddlm_jax.diffusion.masked import (
   LOSS_TYPES,
   MaskedDiffusion,
@@ -63,7 +64,7 @@ def select_clip(draws: Mapping[Clip, np.ndarray]) -> Clip:
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockDiffusion:
+class BlockDiffusion(BlockProcess):
   """BD3-LM over V tokens with mask id V and blocks of `block_size` tokens.
 
   Attributes:
@@ -189,11 +190,13 @@ class BlockDiffusion:
     return jnp.where(keep_BxL, x_BxL, self.mask_id)
 
   def draw(self, key: jax.Array, x_BxL: jax.Array):
-    """(t_BxNb, z_BxL): block times and z_t (same key split as masked)."""
+    """(t_BxNb, weight_BxNb, z_BxL): block times, their NELBO weights
+    -alpha'/(1 - alpha) and z_t (the same key split as masked)."""
     batch, length = x_BxL.shape
     t_key, mask_key = jax.random.split(key)
     t_BxNb = self.sample_times(t_key, batch, self.num_blocks(length))
-    return t_BxNb, self.corrupt(mask_key, x_BxL, t_BxNb)
+    weight_BxNb = self.schedule.weight(t_BxNb)
+    return t_BxNb, weight_BxNb, self.corrupt(mask_key, x_BxL, t_BxNb)
 
   # ----------------------------------------------------------------- loss --
 
@@ -223,6 +226,8 @@ class BlockDiffusion:
     key: jax.Array,
     x_BxL: jax.Array,
     loss_mask_BxL: jax.Array | None = None,
+    *,
+    step=None,
   ):
     """One Monte-Carlo sample of the block-diffusion loss.
 
@@ -230,11 +235,15 @@ class BlockDiffusion:
     the bound only with clip=(0, 1) (see `evaluation_process`).
     """
     self._check_inputs(x_BxL, loss_mask_BxL)
-    t_BxNb, z_BxL = self.draw(key, x_BxL)
-    logits_BxLxV = self.denoiser_logits(apply, z_BxL, x_BxL, t_BxNb)
-    return self.bound(logits_BxLxV, x_BxL, z_BxL, t_BxNb, loss_mask_BxL)
+    return super().loss(apply, key, x_BxL, loss_mask_BxL, step=step)
 
-  def bound(self, logits_BxLxV, x_BxL, z_BxL, t_BxNb, loss_mask_BxL=None):
+  def network_logits(self, apply: BlockApplyFn, z_BxL, x_BxL, t_BxNb):
+    """The loss skeleton's network call: every block's denoiser at once."""
+    return self.denoiser_logits(apply, z_BxL, x_BxL, t_BxNb)
+
+  def bound(
+    self, logits_BxLxV, x_BxL, z_BxL, t_BxNb, weight_BxNb, loss_mask_BxL=None
+  ):
     """(objective_B, nelbo_B, aux) of the denoisers' logits at z_t.
 
     Per block the masked NELBO: weight -alpha'/(1 - alpha) at the block's
@@ -248,7 +257,7 @@ class BlockDiffusion:
       masked_BxL = masked_BxL * loss_mask_BxL
       valid_B = loss_mask_BxL.sum(-1)
     ce_BxL = token_cross_entropy(logits_BxLxV, x_BxL) * masked_BxL
-    weight_BxL = jnp.repeat(self.schedule.weight(t_BxNb), self.block_size, 1)
+    weight_BxL = jnp.repeat(weight_BxNb, self.block_size, 1)
     nelbo_B = (weight_BxL * ce_BxL).sum(-1) + self.reconstruction_nats(valid_B)
     objective_B = nelbo_B if self.loss_type == 'elbo' else ce_BxL.sum(-1)
     aux = {
@@ -273,7 +282,7 @@ class BlockDiffusion:
     """
     self._check_inputs(x_BxL, loss_mask_BxL)
     batch, length = x_BxL.shape
-    t_BxNb, z_BxL = self.draw(key, x_BxL)
+    t_BxNb, _, z_BxL = self.draw(key, x_BxL)
     valid_BxL = (
       jnp.ones((batch, length)) if loss_mask_BxL is None else loss_mask_BxL
     )

@@ -30,9 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ddlm_jax.diffusion.masked import ApplyFn
+from ddlm_jax.diffusion.base import ApplyFn, DiffusionProcess, ProcessConfig
 from ddlm_jax.diffusion.schedules import Schedule
-from ddlm_jax.diffusion.uniform import UniformDiffusion
+from ddlm_jax.diffusion.uniform import UniformConfig, UniformDiffusion
 
 # phi(10) ~ 8e-23: the quadrature ignores |z - m| > 10 (float64 can't tell).
 DEFAULT_HALF_WIDTH = 10.0
@@ -282,7 +282,7 @@ CURRICULUM_NELBOS = ('base', 'window')
 
 
 @dataclasses.dataclass(frozen=True)
-class DuoDiffusion:
+class DuoDiffusion(DiffusionProcess):
   """A uniform process trained with Duo's Gaussian curriculum first.
 
   While step < curriculum_steps, a training step draws t ~ U[0, 1] (the
@@ -356,8 +356,42 @@ class DuoDiffusion:
       )
     self.window_schedule  # noqa: B018 (validates the gamma window)
 
+  # Everything but the training loss is the base's, so samplers and the
+  # evaluator treat this process as the base; the contract's members are
+  # forwarded explicitly (and the base's extra methods by __getattr__).
+  @property
+  def vocab_size(self) -> int:
+    return self.base.vocab_size
+
+  @property
+  def schedule(self) -> Schedule:
+    return self.base.schedule
+
+  @property
+  def input_vocab_size(self) -> int:
+    return self.base.input_vocab_size
+
+  def corrupt(self, key, x_BxL, t):
+    return self.base.corrupt(key, x_BxL, t)
+
+  def draw(self, key, x_BxL):
+    return self.base.draw(key, x_BxL)
+
+  def bound(self, logits_BxLxV, x_BxL, z_BxL, t, weight, loss_mask_BxL):
+    return self.base.bound(logits_BxLxV, x_BxL, z_BxL, t, weight, loss_mask_BxL)
+
+  def forward_marginal(self, x_probs_BxLxV, alpha):
+    return self.base.forward_marginal(x_probs_BxLxV, alpha)
+
+  def prior_sample(self, key, shape):
+    return self.base.prior_sample(key, shape)
+
+  def denoiser_log_probs(self, logits_BxLxV, z_BxL, t_B):
+    return self.base.denoiser_log_probs(logits_BxLxV, z_BxL, t_B)
+
   def __getattr__(self, name):
-    # Only reached when normal lookup fails: forward to the base process.
+    # Only reached when normal lookup fails: the base's own methods
+    # (loo_log_probs, posterior_probs, num_steps, ...).
     if name == 'base' or name.startswith('__'):
       raise AttributeError(name)
     return getattr(self.base, name)
@@ -404,6 +438,7 @@ class DuoDiffusion:
     key: jax.Array,
     x_BxL: jax.Array,
     loss_mask_BxL: jax.Array | None = None,
+    *,
     step=None,
   ):
     """(objective_B, nelbo_B, aux); `step` is the global training step.
@@ -444,3 +479,28 @@ class DuoDiffusion:
       return curriculum() if step < self.curriculum_steps else plain()
     in_curriculum = jnp.asarray(step) < self.curriculum_steps
     return jax.lax.cond(in_curriculum, curriculum, plain)
+
+
+@ProcessConfig.register('duo')
+@dataclasses.dataclass(frozen=True)
+class DuoConfig(UniformConfig):
+  """config.process of Duo: UDLM trained with the Gaussian curriculum.
+
+  curriculum_steps: steps with the Gaussian-relaxed input (0 = none); tau:
+  the tempered softmax's temperature; gamma_min, gamma_max: the
+  curriculum's window (Duo OWT: -3.55, -1.85).
+  """
+
+  curriculum_steps: int = 0
+  tau: float = 1e-3
+  gamma_min: float = -3.55
+  gamma_max: float = -1.85
+
+  def build(self, vocab_size: int) -> DuoDiffusion:
+    return DuoDiffusion(
+      base=super().build(vocab_size),
+      curriculum_steps=self.curriculum_steps,
+      tau=self.tau,
+      gamma_min=self.gamma_min,
+      gamma_max=self.gamma_max,
+    )

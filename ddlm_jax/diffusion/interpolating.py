@@ -20,12 +20,15 @@ whatever r is.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
+from ddlm_jax.diffusion.base import Backbone, ProcessConfig
 from ddlm_jax.diffusion.schedules import Schedule
 from ddlm_jax.diffusion.uniform import (
+  PluginConfig,
   PluginNELBO,
   as_float,
   broadcast_alpha,
@@ -319,6 +322,10 @@ class InterpolatingDiffusion(PluginNELBO):
     noise_BxL = self._from_pi(key, frac_BxL, x_BxL.shape)
     return jnp.where(keep_BxL, x_BxL, noise_BxL.astype(x_BxL.dtype))
 
+  def forward_marginal(self, x_probs_BxLxV, alpha) -> jax.Array:
+    """q(z | x) = alpha x + (1 - alpha) pi over V + 1 ids."""
+    return interpolating_marginal(x_probs_BxLxV, alpha, self.mixing)
+
   def prior_sample(self, key: jax.Array, shape) -> jax.Array:
     """z_1 ~ q(z_1 | uniform x): the prior the bound's last term uses.
 
@@ -390,3 +397,29 @@ class InterpolatingDiffusion(PluginNELBO):
       'masked_fraction': masked_BxL.sum(-1) / denom_B,
       'changed_fraction': changed_BxL.sum(-1) / denom_B,
     }
+
+
+@ProcessConfig.register('interpolating')
+@dataclasses.dataclass(frozen=True)
+class InterpolatingConfig(PluginConfig):
+  """config.process of interpolating diffusion: mixing = the uniform share
+  p_u of the noise (0 masked, 1 uniform)."""
+
+  mixing: float = 0.5
+
+  family: ClassVar[str] = 'interpolating'
+
+  def check(self, backbone: Backbone, seq_len: int) -> None:
+    # Only the purely masked end (mixing 0) has a time-free optimal
+    # denoiser, as InterpolatingDiffusion.requires_time_conditioning says.
+    if self.mixing > 0 and not backbone.time_conditioning:
+      raise ValueError(
+        f'process.kind={self.kind!r} with mixing={self.mixing} needs a '
+        'time-conditioned network (the optimal denoiser depends on t); set '
+        '--config.model.time_conditioning=True.'
+      )
+
+  def build(self, vocab_size: int) -> InterpolatingDiffusion:
+    return InterpolatingDiffusion(
+      **self.process_kwargs(vocab_size), mixing=self.mixing
+    )

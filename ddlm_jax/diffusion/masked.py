@@ -43,15 +43,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from ddlm_jax.diffusion.schedules import Schedule
-
-# apply(z_BxL, t_B) -> logits_BxLxV. Time-free networks ignore t_B.
-ApplyFn = Callable[[jax.Array, jax.Array], jax.Array]
+from ddlm_jax.diffusion.base import (
+  ApplyFn,  # noqa: F401  (re-exported: masked.ApplyFn)
+  DiffusionProcess,
+  ProcessConfig,
+)
+from ddlm_jax.diffusion.schedules import Schedule, get_schedule
 
 LOSS_TYPES = ('elbo', 'simple_ce')
 BOUND_KINDS = ('full', 'mdlm')
@@ -94,7 +96,7 @@ def _alpha_at(schedule: Schedule, t: float) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class MaskedDiffusion:
+class MaskedDiffusion(DiffusionProcess):
   """Absorbing-state diffusion over V tokens with mask id V.
 
   Attributes:
@@ -206,26 +208,6 @@ class MaskedDiffusion:
     keep_BxL = jax.random.uniform(key, x_BxL.shape) < alpha_Bx1
     return jnp.where(keep_BxL, x_BxL, self.mask_id)
 
-  def loss(
-    self,
-    apply: ApplyFn,
-    key: jax.Array,
-    x_BxL: jax.Array,
-    loss_mask_BxL: jax.Array | None = None,
-  ):
-    """One Monte-Carlo sample of the loss.
-
-    `loss_mask_BxL` (1 = real token, 0 = padding) removes padded positions
-    from the bound; padding is still corrupted and seen by the network.
-
-    Returns:
-      (objective_B, nelbo_B, aux): the per-sequence training objective, the
-      per-sequence NELBO in nats, and auxiliary per-sequence statistics.
-    """
-    t_B, weight_B, z_BxL = self.draw(key, x_BxL)
-    logits_BxLxV = apply(z_BxL, t_B)
-    return self.bound(logits_BxLxV, x_BxL, z_BxL, t_B, weight_B, loss_mask_BxL)
-
   def draw(self, key: jax.Array, x_BxL: jax.Array):
     """(t_B, weight_B, z_BxL): diffusion times, ELBO weights and z_t."""
     t_key, mask_key = jax.random.split(key)
@@ -273,3 +255,42 @@ class MaskedDiffusion:
     stay = (1.0 - a_s) / (1.0 - a_t)
     stay_BxLx1 = jnp.full(probs_BxLxV.shape[:-1] + (1,), stay)
     return jnp.concatenate([unmask * probs_BxLxV, stay_BxLx1], axis=-1)
+
+
+@ProcessConfig.register('mdlm', 'md4')
+@dataclasses.dataclass(frozen=True)
+class MaskedConfig(ProcessConfig):
+  """config.process of masked diffusion ('mdlm' and 'md4' build the same).
+
+  schedule: alpha(t) by name ('loglinear', 'linear', 'cosine', 'poly', ...)
+    with schedule_kwargs; num_steps: 0 = continuous-time NELBO, T = T-step;
+    t_min: times drawn from [t_min, 1]; antithetic: stratified times;
+    loss_type: 'elbo' | 'simple_ce'; bound: 'full' (a true bound) | 'mdlm'
+    (the published convention, no prior term).
+  """
+
+  schedule: str = 'loglinear'
+  schedule_kwargs: dict = dataclasses.field(default_factory=dict)
+  num_steps: int = 0
+  t_min: float = 1e-3
+  antithetic: bool = True
+  loss_type: str = 'elbo'
+  bound: str = 'full'
+
+  family: ClassVar[str] = 'masked'
+  supports_soft_mask: ClassVar[bool] = True
+
+  def process_kwargs(self, vocab_size: int) -> dict:
+    """The MaskedDiffusion fields (soft-masking adds its own to these)."""
+    return dict(
+      schedule=get_schedule(self.schedule, **dict(self.schedule_kwargs)),
+      vocab_size=vocab_size,
+      num_steps=self.num_steps,
+      t_min=self.t_min,
+      antithetic=self.antithetic,
+      loss_type=self.loss_type,
+      bound_kind=self.bound,
+    )
+
+  def build(self, vocab_size: int) -> MaskedDiffusion:
+    return MaskedDiffusion(**self.process_kwargs(vocab_size))

@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ddlm_jax.diffusion.base import Backbone, BlockProcess, ProcessConfig
 from ddlm_jax.diffusion.block import BlockDiffusion
+from ddlm_jax.diffusion.schedules import get_schedule
 
 
 @dataclasses.dataclass(frozen=True)
-class MixScaleBlockDiffusion:
+class MixScaleBlockDiffusion(BlockProcess):
   """BlockDiffusion at a block size drawn per batch.
 
   Attributes:
@@ -126,6 +129,19 @@ class MixScaleBlockDiffusion:
     """The unclipped BlockDiffusion at eval_block_size: the reported bound."""
     return self.process_at(self.eval_block_size).evaluation_process
 
+  # The contract's per-draw pieces are those of the evaluation block size;
+  # training draws a size per batch in `loss`.
+  def corrupt(self, key, x_BxL, t_BxNb):
+    return self.process_at(self.eval_block_size).corrupt(key, x_BxL, t_BxNb)
+
+  def draw(self, key, x_BxL):
+    return self.process_at(self.eval_block_size).draw(key, x_BxL)
+
+  def bound(self, logits_BxLxV, x_BxL, z_BxL, t, weight, loss_mask_BxL):
+    return self.process_at(self.eval_block_size).bound(
+      logits_BxLxV, x_BxL, z_BxL, t, weight, loss_mask_BxL
+    )
+
   def check_length(self, seq_len: int) -> None:
     """Every training size and the evaluation size must divide seq_len."""
     bad = [
@@ -147,7 +163,15 @@ class MixScaleBlockDiffusion:
       logp = jnp.log(jnp.asarray(np.asarray(self.probs), jnp.float32))
     return jax.random.categorical(key, logp).astype(jnp.int32)
 
-  def loss(self, apply, key: jax.Array, x_BxL: jax.Array, loss_mask_BxL=None):
+  def loss(
+    self,
+    apply,
+    key: jax.Array,
+    x_BxL: jax.Array,
+    loss_mask_BxL=None,
+    *,
+    step=None,
+  ):
     """(objective_B, nelbo_B, aux) of the BlockDiffusion loss at a drawn size.
 
     aux adds 'block_size' (per sequence, float) to BlockDiffusion's.
@@ -168,3 +192,75 @@ class MixScaleBlockDiffusion:
     sizes = jnp.asarray(self.block_sizes, jnp.float32)
     aux = dict(aux, block_size=jnp.full(x_BxL.shape[:1], sizes[index]))
     return objective_B, nelbo_B, aux
+
+
+def parse_block_sizes(text) -> tuple[int, ...]:
+  """'4,16' -> (4, 16); '' -> () (one block size)."""
+  text = str(text or '').strip()
+  try:
+    return tuple(int(p) for p in text.split(',') if p.strip())
+  except ValueError:
+    raise ValueError(
+      f'config.process.block_sizes={text!r}; give comma-separated '
+      "integers, e.g. '4,16' (or '' for one block size)."
+    ) from None
+
+
+@ProcessConfig.register('bd3')
+@dataclasses.dataclass(frozen=True)
+class BlockConfig(ProcessConfig):
+  """config.process of block diffusion (BD3-LM).
+
+  block_size: L' (divides data.seq_len); clip_low, clip_high: the clipped
+  training band t ~ U[clip_low, clip_high] per block (the reported bound is
+  always unclipped); block_sizes: mix-scale sizes ('4,16'; '' = one size,
+  the last listed size is the evaluation one's base); schedule, t_min,
+  antithetic and loss_type as for masked diffusion.
+  """
+
+  schedule: str = 'loglinear'
+  schedule_kwargs: dict = dataclasses.field(default_factory=dict)
+  t_min: float = 1e-3
+  antithetic: bool = True
+  loss_type: str = 'elbo'
+  block_size: int = 16
+  clip_low: float = 0.0
+  clip_high: float = 1.0
+  block_sizes: str = ''
+
+  family: ClassVar[str] = 'block'
+  attention_masks: ClassVar[tuple[str, ...]] = ('block_diffusion',)
+
+  def check(self, backbone: Backbone, seq_len: int) -> None:
+    super().check(backbone, seq_len)
+    if backbone.name != 'transformer':
+      raise ValueError(
+        f'process.kind={self.kind!r} runs on the transformer backbone; set '
+        '--config.model.backbone=transformer.'
+      )
+    for size in parse_block_sizes(self.block_sizes) or (self.block_size,):
+      if isinstance(size, bool) or int(size) != size or size < 1:
+        raise ValueError(
+          f'config.process.block_size={size!r} must be an integer >= 1.'
+        )
+      if size > seq_len or seq_len % size:
+        raise ValueError(
+          f'process.block_size={size} does not divide data.seq_len='
+          f'{seq_len} into blocks; choose a block size that divides the '
+          'length.'
+        )
+
+  def build(self, vocab_size: int) -> BlockProcess:
+    sizes = parse_block_sizes(self.block_sizes)
+    block = BlockDiffusion(
+      schedule=get_schedule(self.schedule, **dict(self.schedule_kwargs)),
+      vocab_size=vocab_size,
+      t_min=self.t_min,
+      antithetic=self.antithetic,
+      loss_type=self.loss_type,
+      block_size=sizes[-1] if sizes else self.block_size,
+      clip=(self.clip_low, self.clip_high),
+    )
+    if len(sizes) > 1:
+      return MixScaleBlockDiffusion(base=block, block_sizes=sizes)
+    return block

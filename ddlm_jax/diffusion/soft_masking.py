@@ -46,7 +46,15 @@ class SoftMaskedDiffusion(MaskedDiffusion):
     """The same process with the two-pass path always on (a valid bound)."""
     return dataclasses.replace(self, sm_prob=1.0)
 
-  def loss(self, apply, key, x_BxL, loss_mask_BxL=None):
+  @classmethod
+  def from_masked(cls, process: MaskedDiffusion, sm_prob: float):
+    """The soft-masked twin of a masked process (same fields)."""
+    fields = {
+      f.name: getattr(process, f.name) for f in dataclasses.fields(process)
+    }
+    return cls(**fields, sm_prob=sm_prob)
+
+  def loss(self, apply, key, x_BxL, loss_mask_BxL=None, *, step=None):
     """One Monte-Carlo sample of the loss; see MaskedDiffusion.loss.
 
     aux adds 'sm_lambda' (mean lambda over masked positions, from the

@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from ddlm_jax.diffusion.masked import (
-  LOSS_TYPES,
-  ApplyFn,
-  antithetic_uniform,
-)
-from ddlm_jax.diffusion.schedules import Schedule
+from ddlm_jax.diffusion.base import DiffusionProcess, ProcessConfig
+from ddlm_jax.diffusion.masked import LOSS_TYPES, antithetic_uniform
+from ddlm_jax.diffusion.schedules import Schedule, get_schedule
 
 PARAMETERIZATIONS = ('denoiser', 'loo')
 
@@ -285,7 +283,7 @@ def schedule_alpha(schedule: Schedule, t: float) -> float:
     return float(schedule.alpha(float(t)))
 
 
-class PluginNELBO:
+class PluginNELBO(DiffusionProcess):
   """loss / draw / bound of the processes that plug the LOO into the bound.
 
   Shared by UniformDiffusion and InterpolatingDiffusion, which supply the
@@ -307,22 +305,6 @@ class PluginNELBO:
       return t_B, jnp.full((batch,), float(steps))
     t_B = self.t_min + (1.0 - self.t_min) * u_B
     return t_B, -(1.0 - self.t_min) * self.schedule.dalpha(t_B)
-
-  def loss(
-    self,
-    apply: ApplyFn,
-    key: jax.Array,
-    x_BxL: jax.Array,
-    loss_mask_BxL: jax.Array | None = None,
-  ):
-    """One Monte-Carlo sample: (objective_B, nelbo_B, aux), as MaskedDiffusion.
-
-    `loss_mask_BxL` (1 = real token, 0 = padding) removes padded positions
-    from the bound; padding is still corrupted and seen by the network.
-    """
-    t_B, weight_B, z_BxL = self.draw(key, x_BxL)
-    logits_BxLxV = apply(z_BxL, t_B)
-    return self.bound(logits_BxLxV, x_BxL, z_BxL, t_B, weight_B, loss_mask_BxL)
 
   def draw(self, key: jax.Array, x_BxL: jax.Array):
     """(t_B, weight_B, z_BxL), with MaskedDiffusion.draw's key use."""
@@ -430,6 +412,10 @@ class UniformDiffusion(PluginNELBO):
     )
     return jnp.where(keep_BxL, x_BxL, noise_BxL)
 
+  def forward_marginal(self, x_probs_BxLxV, alpha) -> jax.Array:
+    """q(z | x) = alpha x + (1 - alpha) / V over the V data tokens."""
+    return uniform_marginal(x_probs_BxLxV, alpha)
+
   def prior_sample(self, key: jax.Array, shape) -> jax.Array:
     """z_1 from the prior: uniform tokens."""
     return jax.random.randint(key, shape, 0, self.vocab_size, dtype=jnp.int32)
@@ -475,3 +461,44 @@ class UniformDiffusion(PluginNELBO):
       'changed_fraction': changed_BxL.sum(-1)
       / jnp.maximum(valid_BxL.sum(-1), 1.0)
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginConfig(ProcessConfig):
+  """Settings the uniform-state and interpolating families share.
+
+  schedule (+ schedule_kwargs), num_steps (0 = continuous-time NELBO),
+  t_min, antithetic, loss_type ('elbo' | 'simple_ce') and
+  parameterization (what the network outputs: 'denoiser' | 'loo').
+  """
+
+  schedule: str = 'loglinear'
+  schedule_kwargs: dict = dataclasses.field(default_factory=dict)
+  num_steps: int = 0
+  t_min: float = 1e-3
+  antithetic: bool = True
+  loss_type: str = 'elbo'
+  parameterization: str = 'denoiser'
+
+  def process_kwargs(self, vocab_size: int) -> dict:
+    return dict(
+      schedule=get_schedule(self.schedule, **dict(self.schedule_kwargs)),
+      vocab_size=vocab_size,
+      num_steps=self.num_steps,
+      t_min=self.t_min,
+      antithetic=self.antithetic,
+      loss_type=self.loss_type,
+      parameterization=self.parameterization,
+    )
+
+
+@ProcessConfig.register('udlm')
+@dataclasses.dataclass(frozen=True)
+class UniformConfig(PluginConfig):
+  """config.process of uniform-state diffusion (UDLM)."""
+
+  family: ClassVar[str] = 'uniform'
+  requires_time_conditioning: ClassVar[bool] = True
+
+  def build(self, vocab_size: int) -> UniformDiffusion:
+    return UniformDiffusion(**self.process_kwargs(vocab_size))

@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ddlm_jax.diffusion.base import Process
+
 
 @functools.partial(jax.jit, static_argnames=('graphdef', 'process', 'samples'))
 def sequence_nll(
@@ -64,7 +66,7 @@ def summarize_nll(nll_per_seq, tokens_per_seq) -> dict[str, float]:
 def evaluate_likelihood(
   params,
   graphdef,
-  process,
+  process: Process,
   batches: Iterable[np.ndarray],
   *,
   key: jax.Array,
@@ -73,7 +75,7 @@ def evaluate_likelihood(
   """NELBO/NLL over `batches`: int32 [B, L] arrays, or dicts with 'tokens'
   and an optional float 'loss_mask' [B, L] (1 = real token)."""
   # Soft-masking evaluates its two-pass path, whatever it trains with.
-  process = getattr(process, 'evaluation_process', process)
+  process = process.evaluation_process
   samples = 1 if process.causal else time_samples
   per_seq, counts = [], []
   for i, batch in enumerate(batches):

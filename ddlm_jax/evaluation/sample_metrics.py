@@ -135,7 +135,7 @@ class ARScorer:
 
   @classmethod
   def from_params(cls, graphdef, params, process, **kwargs) -> ARScorer:
-    if not getattr(process, 'causal', False):
+    if not process.causal:
       raise ValueError(
         'the scorer must be an autoregressive run (process.kind=ar); got '
         f'{type(process).__name__}.'

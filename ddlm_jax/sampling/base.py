@@ -30,6 +30,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from ddlm_jax.diffusion.base import Process
 from ddlm_jax.sampling.common import (
   check_process,
   initial_state,
@@ -71,7 +72,7 @@ def compatible_samplers(family: str, table: dict | None = None) -> list[str]:
   )
 
 
-def check_family(sampler, process, table: dict | None = None) -> str:
+def check_family(sampler, process: Process, table: dict | None = None) -> str:
   """The process family; ValueError if `sampler` does not apply to it."""
   family = process_family(process)
   families = tuple(getattr(type(sampler), 'families', ('masked',)))
@@ -154,7 +155,7 @@ class Sampler(abc.ABC):
   def fill(self, apply, key, process, z_BxL, window_BxL):
     """Fills generate-id positions of z inside the window: (z_BxL, nfe)."""
 
-  def check_applies(self, process) -> None:
+  def check_applies(self, process: Process) -> None:
     """TypeError for the AR twin, ValueError for another process family."""
     check_process(process)
     check_family(self, process)

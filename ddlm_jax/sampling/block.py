@@ -54,6 +54,7 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ddlm_jax.diffusion.base import BlockProcess
 from ddlm_jax.sampling.base import Sampler, build, require_float, require_int
 from ddlm_jax.sampling.semi_ar import INNER_SAMPLERS, NON_MASKED_SAMPLERS
 
@@ -162,9 +163,7 @@ def check_block_model(model, *, use_kv_cache: bool, name: str) -> None:
 
 def check_block_process(process, name: str) -> None:
   """Block samplers need a block-diffusion process (BlockDiffusion, mix)."""
-  if getattr(process, 'causal', False) or not (
-    hasattr(process, 'masked_process') and hasattr(process, 'block_size')
-  ):
+  if not isinstance(process, BlockProcess):
     raise TypeError(
       f'sampler {name!r} needs a block-diffusion process (BlockDiffusion or '
       f'MixScaleBlockDiffusion); got {type(process).__name__}. For a masked '

@@ -16,50 +16,41 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ddlm_jax.diffusion.base import DiffusionProcess, Process
 from ddlm_jax.sampling.noise import filter_logits, gumbel
 
 # apply(z_BxL, t_B) -> logits_BxLxV
 ApplyFn = Callable[[jax.Array, jax.Array], jax.Array]
 
 
-def check_process(process) -> None:
-  """Samplers need a diffusion process with a schedule (not the AR twin)."""
-  if getattr(process, 'causal', False) or not hasattr(process, 'schedule'):
+def check_process(process: Process) -> None:
+  """Samplers need a diffusion process (not the AR twin)."""
+  if not isinstance(process, DiffusionProcess):
     raise TypeError(
       f'{type(process).__name__} is not a diffusion process; use '
       'ddlm_jax.sampling.autoregressive_sample for the AR twin.'
     )
 
 
-def process_family(process) -> str:
-  """The diffusion family a process belongs to ('masked', 'uniform', ...).
-
-  Processes declare it as a `family` attribute; a process without one that
-  has a mask id and a schedule and is not causal is an absorbing (masked)
-  process, as MaskedDiffusion was before it declared its family.
-  """
-  family = getattr(process, 'family', None)
-  if isinstance(family, str):
-    return family
-  if getattr(process, 'causal', False):
-    return 'autoregressive'
-  if hasattr(process, 'mask_id') and hasattr(process, 'schedule'):
-    return 'masked'
-  raise TypeError(
-    f'{type(process).__name__} declares no diffusion family; give it a '
-    "class attribute family = 'masked' | 'uniform' | 'interpolating' | ..."
-  )
+def process_family(process: Process) -> str:
+  """The diffusion family a process declares ('masked', 'uniform', ...)."""
+  if not isinstance(process, Process) or not process.family:
+    raise TypeError(
+      f'{type(process).__name__} is not a ddlm_jax.diffusion.base.Process '
+      "with a family; subclass it and set family = 'masked' | 'uniform' "
+      "| 'interpolating' | ..."
+    )
+  return process.family
 
 
-def generate_id(process) -> int:
-  """The id that marks a position to generate: the mask id, else V.
+def generate_id(process: Process) -> int:
+  """The id that marks a position to generate (`process.generate_id`).
 
   Masked and interpolating processes use their mask id (= V). Uniform-state
   processes have no mask; V is outside their data range, and their samplers
   replace it by prior noise before any network call.
   """
-  mask_id = getattr(process, 'mask_id', None)
-  return int(process.vocab_size if mask_id is None else mask_id)
+  return int(process.generate_id)
 
 
 def initial_state(

@@ -48,12 +48,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ddlm_jax.diffusion.interpolating import interpolating_marginal
-from ddlm_jax.diffusion.uniform import uniform_marginal
 from ddlm_jax.sampling.base import Sampler, require_int
 from ddlm_jax.sampling.common import (
   generate_id,
-  process_family,
   select_top,
 )
 from ddlm_jax.sampling.noise import filter_logits, gumbel
@@ -66,24 +63,6 @@ SELECTIONS = ('margin', 'random')
 def uniform_times(num_steps: int) -> np.ndarray:
   """t_i = 1 - i / T for i = 0..T (float64)."""
   return 1.0 - np.arange(num_steps + 1, dtype=np.float64) / num_steps
-
-
-def forward_probs(process, x_probs_BxLxV: jax.Array, alpha) -> jax.Array:
-  """q(z | x) = alpha x + (1 - alpha) pi at keep-probability alpha.
-
-  pi is uniform over V (uniform), (1 - p_u) e_m + p_u / V over V + 1 ids
-  (interpolating) or e_m (masked-like families, mask id V, V + 1 ids).
-  alpha is a scalar or a [B] array.
-  """
-  family = process_family(process)
-  if family == 'uniform':
-    return uniform_marginal(x_probs_BxLxV, alpha)
-  if family == 'interpolating':
-    return interpolating_marginal(x_probs_BxLxV, alpha, process.mixing)
-  alpha = jnp.asarray(alpha, jnp.float32)
-  alpha = alpha.reshape(alpha.shape + (1,) * (3 - alpha.ndim))
-  mask_BxLx1 = jnp.broadcast_to(1.0 - alpha, x_probs_BxLxV.shape[:-1] + (1,))
-  return jnp.concatenate([alpha * x_probs_BxLxV, mask_BxLx1], axis=-1)
 
 
 TAILS = ('denoiser', 'plugin')
@@ -168,7 +147,7 @@ def categorical_fill(
     probs_BxLxK = process.posterior_probs(p0_BxLxV, z, s_B, t_B)
     if mixes:
       a_s_B = process.schedule.alpha(s_B)
-      pc_BxLxK = forward_probs(process, p0_BxLxV, a_s_B)
+      pc_BxLxK = process.forward_marginal(p0_BxLxV, a_s_B)
       probs_BxLxK = kappa_j[i] * probs_BxLxK + (1.0 - kappa_j[i]) * pc_BxLxK
     tokens = _gumbel_argmax(_safe_log(probs_BxLxK), draw_key, i)
     z = jnp.where(free_BxL, tokens, z)
@@ -190,7 +169,7 @@ def categorical_fill(
 def gibbs_probs(process, loo_log_probs_BxLxV, alpha_B, temperature=1.0):
   """p_s(z^i | z^{-i}) = forward(softmax(log p_LOO / temperature), alpha_s)."""
   loo_BxLxV = jax.nn.softmax(loo_log_probs_BxLxV / temperature, axis=-1)
-  return forward_probs(process, loo_BxLxV, alpha_B)
+  return process.forward_marginal(loo_BxLxV, alpha_B)
 
 
 def log_margin(log_probs_BxLxK: jax.Array, z_BxL: jax.Array) -> jax.Array:
@@ -358,7 +337,6 @@ __all__ = [
   'LOOGibbsSampler',
   'UniformAncestralSampler',
   'categorical_fill',
-  'forward_probs',
   'gibbs_probs',
   'gibbs_step',
   'log_margin',

@@ -16,29 +16,19 @@ from ddlm_jax.data import (
   sources,
   tokenizers,
 )
-from ddlm_jax.diffusion import Autoregressive, MaskedDiffusion, get_schedule
-from ddlm_jax.diffusion.block import BlockDiffusion
-from ddlm_jax.diffusion.duo import DuoDiffusion
-from ddlm_jax.diffusion.interpolating import InterpolatingDiffusion
-from ddlm_jax.diffusion.mix_scale import MixScaleBlockDiffusion
+from ddlm_jax.diffusion import base as process_base
+from ddlm_jax.diffusion.base import (
+  Backbone,
+  BlockProcess,
+  Process,
+  ProcessConfig,
+)
+from ddlm_jax.diffusion.masked import MaskedDiffusion
 from ddlm_jax.diffusion.soft_masking import SoftMaskedDiffusion
-from ddlm_jax.diffusion.uniform import UniformDiffusion
 from ddlm_jax.models import Transformer, TransformerConfig, hybrid
 from ddlm_jax.models.attention import check_attention_impl
 from ddlm_jax.models.soft_masking import SoftMaskedModel, SoftMaskInput
 from ddlm_jax.training.config import ConfigError, check_range
-
-# process.kind -> the family its samplers and checks go by.
-FAMILIES = {
-  'mdlm': 'masked',
-  'md4': 'masked',
-  'ar': 'autoregressive',
-  'udlm': 'uniform',
-  'duo': 'uniform',
-  'interpolating': 'interpolating',
-  'bd3': 'block',
-}
-PROCESSES = tuple(FAMILIES)
 
 
 def soft_mask_enabled(soft_mask) -> bool:
@@ -46,144 +36,71 @@ def soft_mask_enabled(soft_mask) -> bool:
   return bool(soft_mask is not None and soft_mask.get('enabled', False))
 
 
-def check_process_kind(kind: str) -> str:
-  """`kind` if it names a process (checked before any data is read)."""
-  if kind not in PROCESSES:
-    raise ConfigError(
-      f'config.process.kind={kind!r}; choose one of {PROCESSES}.'
-    )
-  return kind
+def process_settings(block) -> ProcessConfig:
+  """The typed family config of a run's config.process block.
 
-
-def process_family(kind: str) -> str:
-  """'masked', 'uniform', 'interpolating', 'block' or 'autoregressive'."""
-  return FAMILIES[check_process_kind(kind)]
-
-
-def block_sizes(cfg) -> tuple[int, ...]:
-  """config.process.block_sizes ('4,16') as ints; () for one block size."""
-  text = str(cfg.get('block_sizes', '') or '').strip()
+  The kind names the registered family config class
+  (`ddlm_jax.diffusion.base.ProcessConfig.register`); a key that class
+  does not take is refused naming the closest one.
+  """
+  mapping = block.to_dict() if hasattr(block, 'to_dict') else dict(block)
   try:
-    return tuple(int(p) for p in text.split(',') if p.strip())
-  except ValueError:
-    raise ConfigError(
-      f'config.process.block_sizes={text!r}; give comma-separated '
-      "integers, e.g. '4,16' (or '' for one block size)."
-    ) from None
+    return process_base.process_config(mapping)
+  except ValueError as err:
+    raise ConfigError(str(err)) from None
 
 
-def check_process_config(cfg, model, seq_len: int, soft_mask=None):
+def backbone_of(model) -> Backbone:
+  """What a family config checks of config.model."""
+  return Backbone(
+    name=model.get('backbone', 'transformer'),
+    time_conditioning=bool(model.get('time_conditioning', False)),
+    attention_impl=model.get('attention_impl', 'xla'),
+  )
+
+
+def check_process(settings: ProcessConfig, model, seq_len: int, soft_mask=None):
   """The process settings that need no data, checked before any is read.
 
-  Builds the process once on a stand-in vocabulary of 2, so its own checks
-  (loss type, parameterisation, ranges) run here too, and returns it: the
-  sampler checks use it before the real vocabulary is known.
+  The family's own checks (`settings.check`: the network and the length
+  it needs), the attention backend against the masks the family uses, and
+  soft-masking against the family. Returns the process built on a
+  stand-in vocabulary of 2: its constructor checks every range, and the
+  sampler checks run on it before the real vocabulary is known.
   """
-  family = process_family(cfg.kind)
-  if soft_mask_enabled(soft_mask) and family != 'masked':
+  if soft_mask_enabled(soft_mask) and not settings.supports_soft_mask:
     raise ConfigError(
       f'config.soft_mask.enabled needs a masked-diffusion process; '
-      f"process.kind={cfg.kind!r} is {family}. Use process.kind='mdlm' or "
-      "'md4', or set soft_mask.enabled=False."
+      f'process.kind={settings.kind!r} is {settings.family}. Use '
+      "process.kind='mdlm' or 'md4', or set soft_mask.enabled=False."
     )
   try:
-    process = build_process(cfg, 2, soft_mask)
+    settings.check(backbone_of(model), seq_len)
+    process = make_process(settings, 2, soft_mask)
   except (ValueError, TypeError) as err:
     raise ConfigError(f'config.process: {err}') from None
-  needs_time = getattr(process, 'requires_time_conditioning', False)
-  if needs_time and not model.get('time_conditioning', False):
-    raise ConfigError(
-      f'process.kind={cfg.kind!r} needs a time-conditioned network (the '
-      'optimal uniform-state denoiser depends on t); set '
-      '--config.model.time_conditioning=True.'
-    )
   # The attention backend must express the process's mask (cuDNN has no
   # block-diffusion mask): refused here, before the tokenizer is built.
   try:
     check_attention_impl(
-      model.get('attention_impl', 'xla'),
-      ('block_diffusion',) if family == 'block' else (),
+      model.get('attention_impl', 'xla'), settings.attention_masks
     )
   except ValueError as err:
     raise ConfigError(f'config.model.attention_impl: {err}') from None
-  if family == 'block':
-    if model.get('backbone', 'transformer') != 'transformer':
-      raise ConfigError(
-        "process.kind='bd3' runs on the transformer backbone; set "
-        '--config.model.backbone=transformer.'
-      )
-    for size in block_sizes(cfg) or (cfg.block_size,):
-      check_range('process.block_size', size, lo=1, integer=True)
-      if size > seq_len or seq_len % size:
-        raise ConfigError(
-          f'process.block_size={size} does not divide data.seq_len='
-          f'{seq_len} into blocks; choose a block size that divides the '
-          'length.'
-        )
   return process
 
 
-def build_process(cfg, vocab_size: int, soft_mask=None):
-  """The diffusion process (or the AR twin) of config.process.
-
-  'mdlm' / 'md4': masked; with config.soft_mask.enabled masked diffusion
-  trains and evaluates through soft-masking's two-pass path. 'udlm':
-  uniform-state; 'duo': uniform-state with Duo's Gaussian curriculum;
-  'interpolating': masked + uniform mixture; 'bd3': block diffusion
-  (mix-scale when process.block_sizes lists several sizes); 'ar'.
-  """
-  kind = check_process_kind(cfg.kind)
-  if kind == 'ar' and soft_mask_enabled(soft_mask):
-    raise ValueError(
-      'config.soft_mask.enabled needs a masked-diffusion process; the AR '
-      "twin has no masked inputs. Use process.kind='mdlm' or 'md4'."
-    )
-  if kind == 'ar':
-    return Autoregressive(vocab_size=vocab_size)
-  schedule = get_schedule(cfg.schedule, **dict(cfg.schedule_kwargs))
-  common = dict(
-    schedule=schedule,
-    vocab_size=vocab_size,
-    t_min=cfg.t_min,
-    antithetic=cfg.antithetic,
-    loss_type=cfg.loss_type,
-  )
-  kwargs = dict(common, num_steps=cfg.num_steps)
-  if kind in ('udlm', 'duo'):
-    base = UniformDiffusion(
-      **kwargs, parameterization=cfg.get('parameterization', 'denoiser')
-    )
-    if kind == 'udlm':
-      return base
-    return DuoDiffusion(
-      base=base,
-      curriculum_steps=cfg.curriculum_steps,
-      tau=cfg.tau,
-      gamma_min=cfg.gamma_min,
-      gamma_max=cfg.gamma_max,
-    )
-  if kind == 'interpolating':
-    return InterpolatingDiffusion(
-      **kwargs,
-      mixing=cfg.mixing,
-      parameterization=cfg.get('parameterization', 'denoiser'),
-    )
-  if kind == 'bd3':
-    sizes = block_sizes(cfg)
-    block = BlockDiffusion(
-      **common,
-      block_size=sizes[-1] if sizes else cfg.block_size,
-      clip=(cfg.clip_low, cfg.clip_high),
-    )
-    if len(sizes) > 1:
-      return MixScaleBlockDiffusion(base=block, block_sizes=sizes)
-    return block
-  # 'full' reports a true upper bound (prior term included); 'mdlm' is the
-  # convention of published MDLM/MD4 numbers (docs/RESULTS.md says which).
-  masked = dict(kwargs, bound_kind=cfg.get('bound', 'full'))
+def make_process(settings: ProcessConfig, vocab_size: int, soft_mask=None):
+  """The run's process: the family's build, soft-masked when switched on."""
+  process = settings.build(vocab_size)
   if soft_mask_enabled(soft_mask):
-    return SoftMaskedDiffusion(**masked, sm_prob=soft_mask.sm_prob)
-  return MaskedDiffusion(**masked)
+    if not isinstance(process, MaskedDiffusion):
+      raise ValueError(
+        'config.soft_mask.enabled needs a masked-diffusion process; '
+        f'process.kind={settings.kind!r} builds {type(process).__name__}.'
+      )
+    process = SoftMaskedDiffusion.from_masked(process, soft_mask.sm_prob)
+  return process
 
 
 def check_model_sizes(model: Mapping) -> None:
@@ -200,7 +117,7 @@ def check_model_sizes(model: Mapping) -> None:
     )
 
 
-def model_config(cfg, process) -> TransformerConfig:
+def model_config(cfg, process: Process) -> TransformerConfig:
   model_keys, _ = hybrid.split_model_keys(cfg.to_dict())
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   kwargs = {k: v for k, v in model_keys.items() if k in fields}
@@ -216,7 +133,7 @@ def model_config(cfg, process) -> TransformerConfig:
     input_vocab_size=process.input_vocab_size,
     causal=process.causal,
   )
-  if getattr(process, 'family', '') == 'block':
+  if isinstance(process, BlockProcess):
     kwargs['block_size'] = process.block_size
   return TransformerConfig(**kwargs)
 

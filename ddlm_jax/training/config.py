@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ddlm_jax.diffusion.base import default_block, switch_block
+
 
 def apply_overrides(config, dotted: dict | None, *, create_blocks=False):
   """Sets {'a.b': value, ...} in a ConfigDict in place; returns it.
@@ -19,8 +21,19 @@ def apply_overrides(config, dotted: dict | None, *, create_blocks=False):
   The one dotted-override implementation (the configs, the sweeps and
   `run.load_config` use it). A missing block raises KeyError unless
   `create_blocks` (used for keys added after a run was saved).
+
+  `process.kind` is applied first and switches the process block to that
+  kind's keys (keeping the settings both families have), so the other
+  overrides may set the new family's keys.
   """
-  for key, value in (dotted or {}).items():
+  dotted = dict(dotted or {})
+  kind = dotted.pop('process.kind', None)
+  if kind is not None and 'process' in config:
+    switched = switch_block(_as_dict(config['process']), kind)
+    config['process'] = type(config)(switched)
+    if getattr(config, 'is_locked', False):
+      config['process'].lock()
+  for key, value in dotted.items():
     *parents, leaf = key.split('.')
     node = config
     for name in parents:
@@ -29,6 +42,10 @@ def apply_overrides(config, dotted: dict | None, *, create_blocks=False):
       node = node[name]
     node[leaf] = value
   return config
+
+
+def _as_dict(block) -> dict:
+  return block.to_dict() if hasattr(block, 'to_dict') else dict(block)
 
 
 class ConfigError(ValueError):
@@ -244,6 +261,7 @@ def migrate_config(saved: dict) -> dict:
   saved with both keeps the new one if they agree and is refused if not
   (which of the two it trained with cannot be told).
   """
+  _drop_foreign_process_keys(saved)
   for old, new in RENAMED_KEYS.items():
     block, leaf = _block(saved, old)
     if block is None or leaf not in block:
@@ -260,3 +278,17 @@ def migrate_config(saved: dict) -> dict:
         f'{target[new_leaf]!r}; {old} was renamed {new}: keep one value.'
       )
   return saved
+
+
+def _drop_foreign_process_keys(saved: dict) -> None:
+  """Runs saved with one flat process block (every family's keys) keep
+  only the keys of their own kind, which were the only ones read."""
+  block = saved.get('process')
+  if not isinstance(block, dict) or 'kind' not in block:
+    return
+  try:
+    keep = set(default_block(block['kind']))
+  except ValueError:
+    return  # An unknown kind is refused, naming the kinds, when built.
+  for key in [k for k in block if k not in keep]:
+    del block[key]

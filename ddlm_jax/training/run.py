@@ -97,11 +97,11 @@ def check_sample_config(
 
   Runs before training, so a typo in a sampler spec, or a sampler that does
   not apply to the process's family, costs nothing. `process` may be a
-  stand-in (builders.check_process_config) with the run's settings.
+  stand-in (builders.check_process) with the run's settings.
   `eos_id` is the tokenizer's end-of-text id, given to samplers that stop
   at EOS when the spec names none (a stand-in before the tokenizer exists).
   """
-  causal = bool(getattr(process, 'causal', False))
+  causal = process.causal
   num = check_range(
     'sample.num_samples', sample.num_samples, lo=0, integer=True
   )
@@ -165,8 +165,9 @@ class Run:
     # written (the tokenizer is the first file a new run writes).
     builders.check_model_sizes(config.model)
     check_range('data.seq_len', config.data.seq_len, lo=1, integer=True)
-    stand_in = builders.check_process_config(
-      config.process, config.model, config.data.seq_len, soft_mask
+    self.process_settings = builders.process_settings(config.process)
+    stand_in = builders.check_process(
+      self.process_settings, config.model, config.data.seq_len, soft_mask
     )
     self.sampler = check_sample_config(
       config.sample, stand_in, config.model.get('time_conditioning', False)
@@ -174,8 +175,8 @@ class Run:
     if self.init_from:
       warm_start.copy_tokenizer(self.init_from, workdir)
     self.data = builders.prepare_data(config.data, workdir)
-    self.process = builders.build_process(
-      config.process, self.data.tokenizer.vocab_size, soft_mask
+    self.process = builders.make_process(
+      self.process_settings, self.data.tokenizer.vocab_size, soft_mask
     )
     self.eos_id = tokenizer_eos_id(self.data.tokenizer)
     if self.sampler is not None:  # Again, with the tokenizer's own EOS id.

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from ddlm_jax.diffusion.base import Process
 from ddlm_jax.parallel import batch_sharding, replicated
 from ddlm_jax.training.state import TrainState
 
@@ -40,12 +41,12 @@ def _loss_and_metrics(
 ):
   """Per-token loss: sums over sequences divided by the real tokens.
 
-  `step` (the global training step) reaches processes whose loss depends
-  on it (`uses_step`, e.g. Duo's curriculum) and no others.
+  `step` is the global training step (None outside training); every
+  process takes it, and those that declare `uses_step` (Duo's curriculum)
+  read it.
   """
-  extra = {'step': step} if getattr(process, 'uses_step', False) else {}
   objective_B, nelbo_B, aux = process.loss(
-    make_apply(graphdef, params), key, x_BxL, loss_mask_BxL, **extra
+    make_apply(graphdef, params), key, x_BxL, loss_mask_BxL, step=step
   )
   tokens = _num_tokens(x_BxL, loss_mask_BxL)
   loss = objective_B.sum() / tokens
@@ -55,7 +56,7 @@ def _loss_and_metrics(
   return loss, metrics
 
 
-def lm_loss(graphdef, process):
+def lm_loss(graphdef, process: Process):
   """loss(params, key, batch) -> (per-token loss, metrics) for a process."""
 
   def loss(params, key, batch):
@@ -70,7 +71,7 @@ def lm_loss(graphdef, process):
       step=None if step_B is None else step_B[0],
     )
 
-  loss.wants_step = bool(getattr(process, 'uses_step', False))
+  loss.wants_step = process.uses_step
   return loss
 
 

@@ -9,9 +9,10 @@ quickstart (docs/RESULTS.md). Presets: `ar_quickstart.py:smoke`.
 """
 
 from experiments.configs import quickstart
+from experiments.configs.common import set_process
 
 
 def get_config(preset: str = ''):
   c = quickstart.recipe(preset)
-  c.process.kind = 'ar'
+  set_process(c, 'ar')
   return c

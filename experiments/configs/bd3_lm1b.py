@@ -21,7 +21,7 @@ Argument: 'BLOCK[,smoke]' with BLOCK in 4, 8, 16; `bd3_lm1b.py:16,smoke`
 runs in seconds on CPU on the LM1B fixture (TEST-ONLY tokenizer).
 """
 
-from experiments.configs import mdlm_lm1b
+from experiments.configs import common, mdlm_lm1b
 
 BLOCKS = (4, 8, 16)
 SMOKE_ARG = '16,smoke'
@@ -41,8 +41,7 @@ def parse_arg(arg: str | None) -> tuple[int, str]:
 
 def block_config(c, block: int):
   """The BD3 settings on top of an MDLM paper config."""
-  c.process.kind = 'bd3'
-  c.process.block_size = block
+  common.set_process(c, 'bd3', block_size=block)
   c.model.time_conditioning = False
   c.sample.sampler = 'block'
   return c

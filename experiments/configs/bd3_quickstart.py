@@ -22,7 +22,7 @@ Expected (the paper's claim, docs/RESULTS.md section 11): the validation
 bound moves from MDLM's toward the AR twin's as L' shrinks.
 """
 
-from experiments.configs import quickstart
+from experiments.configs import common, quickstart
 
 BLOCKS = (4, 8, 16)
 SMOKE_ARG = '16,smoke'
@@ -46,8 +46,7 @@ def parse_arg(arg: str | None) -> tuple[int, bool, str]:
 def get_config(arg: str = '16'):
   block, scratch, preset = parse_arg(arg)
   c = quickstart.recipe(preset)
-  c.process.kind = 'bd3'
-  c.process.block_size = block
+  common.set_process(c, 'bd3', block_size=block)
   c.model.time_conditioning = False  # BD3 is time-free, like MDLM.
   if not scratch:
     c.train.init_from = 'runs/mdlm_quickstart'

@@ -22,6 +22,7 @@ import tempfile
 
 import ml_collections
 
+from ddlm_jax.diffusion.base import default_block, switch_block
 from ddlm_jax.training.config import apply_overrides
 
 
@@ -61,34 +62,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.owt_validation_fraction = 0.02
   c.data.num_threads = 1  # grain reader threads (padded sources tokenize).
 
-  c.process = ml_collections.ConfigDict()
-  # Masked: 'mdlm' | 'md4'; 'ar' (the AR twin); uniform-state: 'udlm' |
-  # 'duo' (with Duo's Gaussian curriculum); 'interpolating' (masked +
-  # uniform); 'bd3' (block diffusion). ddlm_jax.training.builders.
-  c.process.kind = 'mdlm'
-  c.process.schedule = 'loglinear'  # 'linear' | 'cosine' | 'poly' | ...
-  c.process.schedule_kwargs = ml_collections.ConfigDict()
-  c.process.num_steps = 0  # 0: continuous-time NELBO; T: T-step NELBO.
-  c.process.t_min = 1e-3
-  c.process.antithetic = True
-  c.process.loss_type = 'elbo'  # 'elbo' | 'simple_ce'
-  c.process.bound = 'full'  # Masked: 'full' (true bound) | 'mdlm' (no prior).
-  # Uniform-state / interpolating: what the network outputs ('denoiser' |
-  # 'loo'); the bound and the samplers convert exactly as they need.
-  c.process.parameterization = 'denoiser'
-  c.process.mixing = 0.5  # Interpolating: uniform share p_u of the noise.
-  # Duo's curriculum: steps with the Gaussian-relaxed input (0 = none).
-  c.process.curriculum_steps = 0
-  c.process.tau = 1e-3  # Tempered-softmax temperature of the latent.
-  c.process.gamma_min = -3.55  # Curriculum window (Duo OWT).
-  c.process.gamma_max = -1.85
-  # Block diffusion: block size L' (divides data.seq_len), the clipped
-  # training band t ~ U[clip_low, clip_high] per block (the reported bound
-  # is always unclipped), and mix-scale block sizes ('' = one size).
-  c.process.block_size = 16
-  c.process.clip_low = 0.0
-  c.process.clip_high = 1.0
-  c.process.block_sizes = ''
+  # The process block holds `kind` and the settings of that kind's family
+  # config (ddlm_jax.diffusion: MaskedConfig for 'mdlm' / 'md4', 'ar',
+  # UniformConfig 'udlm', DuoConfig 'duo', InterpolatingConfig
+  # 'interpolating', BlockConfig 'bd3'; their docstrings explain each key).
+  # Switch the kind with set_process(c, kind), which keeps the settings the
+  # two families share.
+  c.process = process_block('mdlm')
 
   c.model = ml_collections.ConfigDict()
   c.model.width = 192
@@ -180,6 +160,26 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 is filled.
+  return c
+
+
+def process_block(kind: str, **settings) -> ml_collections.ConfigDict:
+  """A config.process block: the kind and its family config's defaults."""
+  block = default_block(kind)
+  block.update(settings)
+  return ml_collections.ConfigDict(block)
+
+
+def set_process(c: ml_collections.ConfigDict, kind: str, **settings):
+  """Switches c.process to `kind`, keeping the settings both families have.
+
+  A family's own keys come with their defaults; `settings` are set last.
+  """
+  block = switch_block(c.process.to_dict(), kind)
+  block.update(settings)
+  c.process = ml_collections.ConfigDict(block)
+  if c.is_locked:
+    c.process.lock()
   return c
 
 
@@ -304,11 +304,9 @@ def mdlm() -> ml_collections.ConfigDict:
   constant, no weight decay, gradient clip 1.0.
   """
   c = _paper(1, time_conditioning=False)
-  c.process.kind = 'mdlm'
-  c.process.schedule = 'loglinear'
-  c.process.num_steps = 0
-  c.process.t_min = 1e-3
-  c.process.antithetic = True
+  set_process(
+    c, 'mdlm', schedule='loglinear', num_steps=0, t_min=1e-3, antithetic=True
+  )
   c.optim.warmup_steps = 2_500
   c.optim.weight_decay = 0.0
   c.optim.grad_clip = 1.0
@@ -324,11 +322,9 @@ def md4() -> ml_collections.ConfigDict:
   to 0, weight decay 0.03, no gradient clipping.
   """
   c = _paper(42, time_conditioning=True)
-  c.process.kind = 'md4'
-  c.process.schedule = 'linear'
-  c.process.num_steps = 0
-  c.process.t_min = 0.0
-  c.process.antithetic = True
+  set_process(
+    c, 'md4', schedule='linear', num_steps=0, t_min=0.0, antithetic=True
+  )
   c.optim.warmup_steps = 2_000
   c.optim.weight_decay = 0.03
   c.optim.grad_clip = 0.0
@@ -344,10 +340,12 @@ def uniform(c: ml_collections.ConfigDict, curriculum_steps: int = 0):
   (the optimal uniform-state denoiser depends on t), the uniform ancestral
   sampler with the greedy tail (Duo's noise removal).
   """
-  c.process.kind = 'duo' if curriculum_steps else 'udlm'
+  if curriculum_steps:
+    set_process(c, 'duo', curriculum_steps=curriculum_steps)
+  else:
+    set_process(c, 'udlm')
   c.process.schedule = 'loglinear'
   c.process.num_steps = 0
-  c.process.curriculum_steps = curriculum_steps
   c.model.time_conditioning = True
   c.sample.sampler = 'uniform_ancestral'
   c.sample.use_cache = False
@@ -357,7 +355,7 @@ def uniform(c: ml_collections.ConfigDict, curriculum_steps: int = 0):
 
 def autoregressive(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The AR baseline of a config: causal attention, exact NLL, BOS input."""
-  c.process.kind = 'ar'
+  set_process(c, 'ar')
   c.model.time_conditioning = False
   return c
 

@@ -40,6 +40,7 @@ def get_config(arg: str = ''):
   c = mdlm_lm1b.get_config(preset)
   steps = c.train.num_steps
   common.uniform(c, curriculum_steps=steps // 2 if curriculum else 0)
-  c.process.gamma_min = -3.5
-  c.process.gamma_max = -1.75
+  if curriculum:
+    c.process.gamma_min = -3.5
+    c.process.gamma_max = -1.75
   return c

@@ -28,6 +28,7 @@ def get_config(arg: str = ''):
   c = mdlm_owt.get_config(preset)
   steps = c.train.num_steps
   common.uniform(c, curriculum_steps=steps // 2 if curriculum else 0)
-  c.process.gamma_min = -3.55
-  c.process.gamma_max = -1.85
+  if curriculum:
+    c.process.gamma_min = -3.55
+    c.process.gamma_max = -1.85
   return c

@@ -50,6 +50,5 @@ def get_config(arg: str = ''):
   )
   c.model.cond_dim = 64 if not preset else 32
   if variant == 'interpolating':
-    c.process.kind = 'interpolating'
-    c.process.mixing = 0.5
+    common.set_process(c, 'interpolating', mixing=0.5)
   return c

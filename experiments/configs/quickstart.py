@@ -27,7 +27,12 @@ and tests/test_hybrid.py runs the hybrid through the same trainer,
 evaluation and sampler on this corpus.
 """
 
-from experiments.configs.common import apply_smoke, base_config, check_preset
+from experiments.configs.common import (
+  apply_smoke,
+  base_config,
+  check_preset,
+  set_process,
+)
 
 
 def get_config(preset: str = ''):
@@ -45,8 +50,7 @@ def recipe(preset: str = ''):
   on the NELBO objective: the base its twins change one thing of."""
   preset = check_preset(preset)
   c = base_config()
-  c.process.kind = 'mdlm'
-  c.process.schedule = 'loglinear'
+  set_process(c, 'mdlm', schedule='loglinear')
   # Sized for ~10 minutes on 2 CPU cores (docs/RESULTS.md). At this budget
   # (~1e13 FLOPs) a small model is compute-optimal: width 128 reaches a lower
   # bound per minute than width 192.
