@@ -1,0 +1,307 @@
+"""LLaDA- and Dream-family parity against transformers' LLaMA and Qwen2.
+
+The references are `transformers`' own LlamaForCausalLM / Qwen2ForCausalLM,
+randomly initialised at a tiny size, run bidirectionally the way the
+published models run (a prepared 4-D additive mask is used as is, so no
+causal mask is built) and saved with their own `save_pretrained`. Our
+converter reads the saved directory; both models see the same ids, with
+mask ids and padding, and their logits must agree.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip('torch', reason='parity needs torch (interop)')
+transformers = pytest.importorskip(
+  'transformers', reason='parity needs transformers (interop extra)'
+)
+
+from ddlm_jax.interop import llama_family as interop  # noqa: E402
+from ddlm_jax.interop import safetensors_io  # noqa: E402
+from ddlm_jax.models.llama_family import (  # noqa: E402
+  FORBIDDEN_LOGIT,
+  LlamaFamily,
+)
+from ddlm_jax.parallel import make_mesh  # noqa: E402
+from ddlm_jax.training.config import ConfigError  # noqa: E402
+
+VOCAB, MASK_ID, PAD_ID = 100, 97, 0
+TOL = {'float32': 1e-4, 'bfloat16': 2e-2}
+
+
+def _hf_config(arch: str):
+  kw = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    pad_token_id=PAD_ID,
+  )
+  if arch == 'llada':
+    return transformers.LlamaConfig(rms_norm_eps=1e-5, **kw)
+  return transformers.Qwen2Config(
+    rms_norm_eps=1e-6,
+    rope_parameters={'rope_type': 'default', 'rope_theta': 1e6},
+    **kw,
+  )
+
+
+def _reference(arch: str, path, seed: int = 0):
+  """A random transformers model saved (safetensors) to path."""
+  torch.manual_seed(seed)
+  cls = (
+    transformers.LlamaForCausalLM
+    if arch == 'llada'
+    else transformers.Qwen2ForCausalLM
+  )
+  model = cls(_hf_config(arch)).eval()
+  with torch.no_grad():  # Non-trivial norms and biases, so both are tested.
+    for name, p in model.named_parameters():
+      if 'norm' in name or name.endswith('bias'):
+        p.add_(0.3 * torch.randn_like(p))
+  model.save_pretrained(path)
+  return model
+
+
+def _hf_logits(model, ids_BxL, valid_BxL, dtype: str):
+  """The reference's logits with bidirectional attention over valid keys."""
+  torch_dtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]
+  model = model.to(torch_dtype)
+  valid = torch.tensor(valid_BxL)
+  # Additive [B, 1, L, S] mask: 0 where a key may be read, -inf-like else.
+  bias = torch.zeros(valid.shape[0], 1, valid.shape[1], valid.shape[1])
+  bias = bias.masked_fill(
+    ~valid[:, None, None, :], torch.finfo(torch_dtype).min
+  )
+  with torch.no_grad():
+    out = model(
+      input_ids=torch.tensor(ids_BxL, dtype=torch.long),
+      attention_mask=bias.to(torch_dtype),
+    ).logits
+  return out.float().numpy()
+
+
+def _ids():
+  """Two rows: data, mask ids and right padding (row 1)."""
+  rng = np.random.default_rng(0)
+  ids = rng.integers(1, MASK_ID, size=(2, 16)).astype(np.int32)
+  ids[0, [3, 4, 9]] = MASK_ID
+  ids[1, [1, 6]] = MASK_ID
+  ids[1, 12:] = PAD_ID
+  valid = np.ones((2, 16), bool)
+  valid[1, 12:] = False
+  return ids, valid
+
+
+def _ours(src, arch, dtype='float32', mesh=None, **over):
+  hf = json.loads((src / 'config.json').read_text())
+  cfg = interop.config_from_hf(hf, arch, dtype=dtype, **over)
+  params = interop.load_params(str(src), cfg, mesh=mesh)
+  return cfg, params
+
+
+def _apply(cfg, params, ids, valid=None):
+  from flax import nnx
+
+  graphdef, _ = nnx.split(
+    nnx.eval_shape(lambda: LlamaFamily(cfg, rngs=nnx.Rngs(0))), nnx.Param
+  )
+  model = nnx.merge(graphdef, params)
+  valid = None if valid is None else jnp.asarray(valid)
+  return np.asarray(model(jnp.asarray(ids), None, valid_BxL=valid))
+
+
+def _valid_rows(x, valid):
+  """x at the positions that are content (not padding)."""
+  return x[valid]
+
+
+@pytest.mark.parametrize('arch', ['llada', 'dream'])
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_logits_match_transformers(tmp_path, arch, dtype):
+  ref = _reference(arch, tmp_path)
+  ids, valid = _ids()
+  mesh = make_mesh((2, 2, 2))
+  cfg, params = _ours(tmp_path, arch, dtype, mesh=mesh, mask_token_id=MASK_ID)
+  assert cfg.num_kv_heads == 2 and cfg.qkv_bias == (arch == 'dream')
+  want = _hf_logits(ref, ids, valid, dtype)
+  if arch == 'dream':  # Dream's generation code: concat(out[:1], out[:-1]).
+    want = np.concatenate([want[:, :1], want[:, :-1]], axis=1)
+  got = _apply(cfg, params, ids, valid)
+  assert got.shape == want.shape == (2, 16, VOCAB)
+  err = np.abs(_valid_rows(got, valid) - _valid_rows(want, valid)).max()
+  assert err <= TOL[dtype], (arch, dtype, err)
+  # The comparison is not vacuous: logits vary across positions.
+  assert np.abs(want[0, 1] - want[0, 2]).max() > 10 * TOL[dtype]
+
+
+def test_dream_shift_is_one_position(tmp_path):
+  """Position i of Dream's output is the unshifted network's i - 1."""
+  _reference('dream', tmp_path)
+  ids, _ = _ids()
+  cfg, params = _ours(tmp_path, 'dream')
+  plain = _apply(cfg.__class__(**{**cfg.__dict__, 'shift_logits': False}),
+                 params, ids)  # fmt: skip
+  shifted = _apply(cfg, params, ids)
+  np.testing.assert_array_equal(shifted[:, 1:], plain[:, :-1])
+  np.testing.assert_array_equal(shifted[:, 0], plain[:, 0])
+  assert np.abs(shifted[:, 1:] - plain[:, 1:]).max() > 1e-3
+
+
+def test_padding_is_not_read_as_content(tmp_path):
+  """Changing padded tokens changes nothing at the valid positions."""
+  _reference('llada', tmp_path)
+  ids, valid = _ids()
+  cfg, params = _ours(tmp_path, 'llada')
+  other = ids.copy()
+  other[1, 12:] = 5
+  a = _apply(cfg, params, ids, valid)
+  b = _apply(cfg, params, other, valid)
+  np.testing.assert_allclose(a[1, :12], b[1, :12], atol=1e-6)
+  c = _apply(cfg, params, other)  # Without the padding mask it is content.
+  assert np.abs(a[1, :12] - c[1, :12]).max() > 1e-4
+
+
+def test_suite_mask_id_reads_as_published_mask(tmp_path):
+  """Id V (the suite's mask) embeds as the published mask token, and
+  forbid_mask_output keeps samplers from drawing that token."""
+  _reference('llada', tmp_path)
+  ids, _ = _ids()
+  cfg, params = _ours(tmp_path, 'llada', mask_token_id=MASK_ID)
+  suite = np.where(ids == MASK_ID, VOCAB, ids)
+  np.testing.assert_array_equal(
+    _apply(cfg, params, suite), _apply(cfg, params, ids)
+  )
+  strict = cfg.__class__(**{**cfg.__dict__, 'forbid_mask_output': True})
+  out = _apply(strict, params, suite)
+  assert (out[..., MASK_ID] == FORBIDDEN_LOGIT).all()
+  keep = np.arange(VOCAB) != MASK_ID
+  np.testing.assert_array_equal(
+    out[..., keep], _apply(cfg, params, ids)[..., keep]
+  )
+
+
+def test_llada_native_names_load(tmp_path):
+  """LLaDA's own tensor names (OLMo layout) give the same model."""
+  _reference('llada', tmp_path / 'hf')
+  files = safetensors_io.tensor_files(str(tmp_path / 'hf'))
+  from safetensors.numpy import load_file, save_file
+
+  tensors = {}
+  for path in set(files.values()):
+    tensors.update(load_file(path))
+  inverse = {interop.llada_to_hf_name(n): n for n in _llada_names(2)}
+  native = {inverse[name]: w for name, w in tensors.items()}
+  assert set(native) == set(_llada_names(2))
+  (tmp_path / 'native').mkdir()
+  save_file(native, str(tmp_path / 'native' / 'model.safetensors'))
+  ids, _ = _ids()
+  cfg, params = _ours(tmp_path / 'hf', 'llada')
+  _, params_native = _ours_from(tmp_path / 'native', cfg)
+  np.testing.assert_array_equal(
+    _apply(cfg, params, ids), _apply(cfg, params_native, ids)
+  )
+
+
+def _llada_names(depth):
+  yield 'model.transformer.wte.weight'
+  yield 'model.transformer.ln_f.weight'
+  yield 'model.transformer.ff_out.weight'
+  parts = ('attn_norm', 'q_proj', 'k_proj', 'v_proj', 'attn_out', 'ff_norm',
+           'ff_proj', 'up_proj', 'ff_out')  # fmt: skip
+  for i in range(depth):
+    for part in parts:
+      yield f'model.transformer.blocks.{i}.{part}.weight'
+
+
+def _ours_from(src, cfg):
+  return cfg, interop.load_params(str(src), cfg)
+
+
+def test_llada_native_config_keys():
+  native = dict(
+    d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden_size=96,
+    vocab_size=126464, embedding_size=126464, rope_theta=500000.0,
+    rms_norm_eps=1e-5, weight_tying=False, activation_type='silu',
+  )  # fmt: skip
+  cfg = interop.config_from_hf(native, 'llada')
+  assert (cfg.width, cfg.depth, cfg.num_kv_heads, cfg.mlp_dim) == (
+    64, 2, 2, 96,
+  )  # fmt: skip
+  assert cfg.mask_token_id == 126336 and cfg.rope_theta == 500000.0
+  assert not cfg.shift_logits and not cfg.qkv_bias
+
+
+def test_bad_configs_refused():
+  base = _hf_config('llada').to_dict()
+  with pytest.raises(ConfigError, match='rope_type'):
+    interop.config_from_hf(
+      {**base, 'rope_parameters': {'rope_type': 'llama3', 'factor': 8.0}},
+      'llada',
+    )
+  with pytest.raises(ConfigError, match='--arch'):
+    interop.config_from_hf(base, 'gpt2')
+  with pytest.raises(ConfigError, match='num_kv_heads'):
+    interop.config_from_hf({**base, 'num_key_value_heads': 3}, 'llada')
+
+
+def test_missing_tensor_named(tmp_path):
+  _reference('llada', tmp_path)
+  hf = json.loads((tmp_path / 'config.json').read_text())
+  cfg = interop.config_from_hf({**hf, 'num_hidden_layers': 3}, 'llada')
+  with pytest.raises(KeyError, match='model.layers.2'):
+    interop.load_params(str(tmp_path), cfg)
+
+
+@pytest.mark.parametrize('arch', ['llada', 'dream'])
+def test_export_round_trip(tmp_path, arch):
+  """Convert in, export out, load with transformers: same logits."""
+  ref = _reference(arch, tmp_path / 'in')
+  cfg, params = _ours(tmp_path / 'in', arch)
+  interop.export_params(cfg, params, str(tmp_path / 'out'))
+  back = transformers.AutoModelForCausalLM.from_pretrained(
+    str(tmp_path / 'out'), dtype=torch.float32
+  ).eval()
+  assert type(back) is type(ref)
+  ids, valid = _ids()
+  want = _hf_logits(ref, ids, valid, 'float32')
+  got = _hf_logits(back, ids, valid, 'float32')
+  np.testing.assert_allclose(got, want, atol=1e-6)
+  # And ours equals the exported model's (unshifted for Dream).
+  ours = _apply(cfg, params, ids, valid)
+  if arch == 'dream':
+    got = np.concatenate([got[:, :1], got[:, :-1]], axis=1)
+  assert np.abs(ours[valid] - got[valid]).max() <= TOL['float32']
+
+
+def test_sharded_index_is_read(tmp_path):
+  """A checkpoint split over shards with an index loads the same."""
+  _reference('llada', tmp_path / 'one')
+  cfg, params = _ours(tmp_path / 'one', 'llada')
+  tensors = [
+    (name, interop.to_hf(path, np.asarray(jax.device_get(_at(params, path)))))
+    for path, name in interop.param_names(cfg)
+  ]
+  files = safetensors_io.save_tree(
+    tensors, str(tmp_path / 'many'), max_shard_bytes=40_000
+  )
+  assert len(files) > 2
+  assert (tmp_path / 'many' / safetensors_io.INDEX_NAME).exists()
+  _, again = _ours_from(tmp_path / 'many', cfg)
+  ids, _ = _ids()
+  np.testing.assert_array_equal(
+    _apply(cfg, params, ids), _apply(cfg, again, ids)
+  )
+
+
+def _at(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
