@@ -305,3 +305,49 @@ def _at(tree, path):
   for key in path:
     tree = tree[key]
   return tree
+
+
+def test_cli_convert_and_export(tmp_path):
+  """experiments.convert: hf -> converted dir -> hf, tokenizer carried."""
+  from ddlm_jax.interop import workdir as workdir_lib
+  from experiments import convert
+
+  ref = _reference('dream', tmp_path / 'hf')
+  (tmp_path / 'hf' / 'tokenizer_config.json').write_text('{"x": 1}')
+  work, out = tmp_path / 'work', tmp_path / 'out'
+  assert convert.main(
+    ['--from=hf', '--arch=dream', str(tmp_path / 'hf'), f'--to={work}',
+     '--mesh=1,4,2', f'--mask_token_id={MASK_ID}']
+  ) == 0  # fmt: skip
+  cfg, model = workdir_lib.load(str(work), mesh=make_mesh((2, 2, 2)))
+  assert cfg.family == 'dream' and cfg.mask_token_id == MASK_ID
+  ids, valid = _ids()
+  ours = np.asarray(model(jnp.asarray(ids), None, valid_BxL=valid))
+  want = _hf_logits(ref, ids, valid, 'float32')
+  want = np.concatenate([want[:, :1], want[:, :-1]], axis=1)
+  assert np.abs(ours[valid] - want[valid]).max() <= TOL['float32']
+  assert convert.main(['--from=workdir', str(work), f'--to_hf={out}']) == 0
+  assert (out / 'tokenizer_config.json').read_text() == '{"x": 1}'
+  back = transformers.AutoModelForCausalLM.from_pretrained(
+    str(out), dtype=torch.float32
+  ).eval()
+  np.testing.assert_allclose(
+    _hf_logits(back, ids, valid, 'float32'),
+    _hf_logits(ref, ids, valid, 'float32'),
+    atol=1e-6,
+  )
+  with pytest.raises(FileExistsError, match='empty directory'):
+    convert.main(['--from=hf', '--arch=dream', str(tmp_path / 'hf'),
+                  f'--to={work}'])  # fmt: skip
+
+
+def test_bfloat16_params_convert(tmp_path):
+  """--param_dtype=bfloat16 stores and restores bf16 parameters."""
+  from ddlm_jax.interop import workdir as workdir_lib
+
+  _reference('llada', tmp_path / 'hf')
+  workdir_lib.convert_hf(
+    str(tmp_path / 'hf'), str(tmp_path / 'w'), 'llada', param_dtype='bfloat16'
+  )
+  _, model = workdir_lib.load(str(tmp_path / 'w'))
+  assert model.blocks[0].attn.q.kernel[...].dtype == jnp.bfloat16

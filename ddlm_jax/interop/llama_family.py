@@ -275,7 +275,7 @@ def load_params(
   if mesh is None:
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ('data',))
   abstract = abstract_params(cfg)
-  shardings = state_lib.param_shardings(abstract, mesh, _rules(mesh))
+  shardings = state_lib.param_shardings(abstract, mesh, rules_for(mesh))
   shapes = {
     path: variable.shape for path, variable in nnx.to_flat_state(abstract)
   }
@@ -296,7 +296,7 @@ def load_params(
   return params
 
 
-def _rules(mesh) -> dict:
+def rules_for(mesh) -> dict:
   """The default rules, restricted to the mesh's axes."""
   out = {}
   for name, axes in rules_lib.DEFAULT_RULES.items():
