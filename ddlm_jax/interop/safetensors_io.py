@@ -8,6 +8,9 @@ each device only that device's slice of the target sharding; the host copy
 is then dropped. Peak host memory is therefore the placed parameters (on
 host-backed devices) plus about one tensor, never a second full copy of
 the checkpoint.
+
+`safetensors` is imported when first used, so the rest of the library (and
+its tests) runs where the `interop` extra is not installed.
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from safetensors import safe_open
-from safetensors.numpy import save_file
 
 INDEX_NAME = 'model.safetensors.index.json'
 SINGLE_NAME = 'model.safetensors'
@@ -47,6 +48,8 @@ def tensor_files(src: str) -> dict[str, str]:
       f'{src} holds no *.safetensors file; save the model with '
       'safe_serialization (the default of save_pretrained).'
     )
+  from safetensors import safe_open
+
   out = {}
   for fn in files:
     path = os.path.join(src, fn)
@@ -86,6 +89,8 @@ def load_tree(
       f'the checkpoint lacks {len(missing)} tensor(s) the model needs, e.g. '
       f'{missing[:3]}; check --arch and that every shard is present.'
     )
+  from safetensors import safe_open
+
   out = {}
   for path, entries in by_file.items():
     with safe_open(path, framework='numpy') as f:
@@ -107,6 +112,8 @@ def save_tree(
   Arrays are gathered into shards of at most `max_shard_bytes` (one
   tensor larger than that gets a shard of its own); returns the files.
   """
+  from safetensors.numpy import save_file
+
   os.makedirs(out_dir, exist_ok=True)
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0
