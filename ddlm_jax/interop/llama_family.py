@@ -125,7 +125,8 @@ def to_ours(path: tuple, w: np.ndarray, shape: tuple, dtype) -> np.ndarray:
       f'does not fit the model parameter {shape}; check the config.json '
       'that came with the weights.'
     )
-  return np.ascontiguousarray(w.astype(dtype)).reshape(shape)
+  # One host copy: transposed, converted and made contiguous together.
+  return np.array(w, dtype=dtype, order='C').reshape(shape)
 
 
 def to_hf(path: tuple, x: np.ndarray) -> np.ndarray:
