@@ -351,3 +351,38 @@ def test_bfloat16_params_convert(tmp_path):
   )
   _, model = workdir_lib.load(str(tmp_path / 'w'))
   assert model.blocks[0].attn.q.kernel[...].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize('name', ['ancestral', 'confidence'])
+def test_suite_samplers_run_an_imported_model(tmp_path, name):
+  """A converted LLaDA model under the suite's masked process and samplers:
+  prompts kept, every other position filled with a real token (never the
+  suite's mask id V nor the published mask token)."""
+  from ddlm_jax.diffusion.masked import MaskedDiffusion
+  from ddlm_jax.diffusion.schedules import get_schedule
+  from ddlm_jax.sampling.registry import get_sampler
+
+  _reference('llada', tmp_path)
+  cfg, params = _ours(
+    tmp_path, 'llada', mask_token_id=MASK_ID, forbid_mask_output=True
+  )
+  from flax import nnx
+
+  graphdef, _ = nnx.split(
+    nnx.eval_shape(lambda: LlamaFamily(cfg, rngs=nnx.Rngs(0))), nnx.Param
+  )
+  model = nnx.merge(graphdef, params)
+  process = MaskedDiffusion(get_schedule('loglinear'), vocab_size=VOCAB)
+  assert process.mask_id == VOCAB
+  ids = np.random.default_rng(1).integers(1, MASK_ID, (2, 16))
+  keep = np.zeros_like(ids, bool)
+  keep[:, :5] = True
+  sampler = get_sampler(name, num_steps=4)
+  out, _ = sampler(
+    model, jax.random.key(0), process, batch=2, length=16,
+    prompt_BxL=(jnp.asarray(ids), jnp.asarray(keep)),
+  )  # fmt: skip
+  out = np.asarray(out)
+  np.testing.assert_array_equal(out[:, :5], ids[:, :5])
+  gen = out[:, 5:]
+  assert ((gen >= 0) & (gen < VOCAB) & (gen != MASK_ID)).all()
