@@ -131,6 +131,10 @@ def test_logits_match_transformers(tmp_path, arch, dtype):
   mesh = make_mesh((2, 2, 2))
   cfg, params = _ours(tmp_path, arch, dtype, mesh=mesh, mask_token_id=MASK_ID)
   assert cfg.num_kv_heads == 2 and cfg.qkv_bias == (arch == 'dream')
+  # Streamed onto the mesh: width over fsdp, MLP hidden over tensor.
+  up = params['blocks'][0]['mlp']['up']['kernel']
+  assert tuple(up.sharding.spec) == ('fsdp', 'tensor')
+  assert up.addressable_shards[0].data.shape == (32, 48)
   want = _hf_logits(ref, ids, valid, dtype)
   if arch == 'dream':  # Dream's generation code: concat(out[:1], out[:-1]).
     want = np.concatenate([want[:, :1], want[:, :-1]], axis=1)
@@ -386,3 +390,18 @@ def test_suite_samplers_run_an_imported_model(tmp_path, name):
   np.testing.assert_array_equal(out[:, :5], ids[:, :5])
   gen = out[:, 5:]
   assert ((gen >= 0) & (gen < VOCAB) & (gen != MASK_ID)).all()
+
+
+def test_convert_memory_benchmark_runs_tiny(tmp_path):
+  """The memory benchmark at test size: 8 devices in a fresh process,
+  sharded placement, every reported number present."""
+  from experiments.benchmarks import convert_memory
+
+  info = convert_memory.main(['--tiny', f'--dir={tmp_path}'])
+  assert info['devices'] == 8 and info['shards'] > 1
+  assert info['device_buffer_bytes'] >= info['placed_param_bytes'] > 0
+  # Split over the 1x4x2 mesh: no device holds the whole model.
+  assert info['max_bytes_on_one_device'] < info['placed_param_bytes'] / 2
+  for k in ('rss_before_load_mib', 'rss_peak_mib', 'load_growth_mib'):
+    assert np.isfinite(info[k])
+  assert info['rss_peak_mib'] >= info['rss_before_load_mib'] > 0

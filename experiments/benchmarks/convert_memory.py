@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,6 +37,15 @@ HF_CONFIG = dict(
   rms_norm_eps=1e-5,
   rope_theta=10_000.0,
   tie_word_embeddings=False,
+)
+# --tiny (tests): the same layout at a size that converts in seconds.
+TINY = dict(
+  vocab_size=512,
+  hidden_size=64,
+  intermediate_size=128,
+  num_hidden_layers=2,
+  num_attention_heads=4,
+  num_key_value_heads=2,
 )
 SHARD_BYTES = 64 * 2**20
 
@@ -57,7 +67,7 @@ def _current_rss_mib() -> float:
   return float('nan')
 
 
-def write_checkpoint(out_dir: str) -> dict:
+def write_checkpoint(out_dir: str, hf_config: dict) -> dict:
   """Random bf16 tensors named as transformers' LLaMA, sharded."""
   import ml_dtypes
   import numpy as np
@@ -65,7 +75,7 @@ def write_checkpoint(out_dir: str) -> dict:
 
   from ddlm_jax.interop import llama_family, safetensors_io
 
-  cfg = llama_family.config_from_hf(HF_CONFIG, 'llada')
+  cfg = llama_family.config_from_hf(hf_config, 'llada')
   shapes = {
     path: v.shape
     for path, v in nnx.to_flat_state(llama_family.abstract_params(cfg))
@@ -78,14 +88,20 @@ def write_checkpoint(out_dir: str) -> dict:
       host = rng.standard_normal(shape, np.float32) * 0.02
       yield name, llama_family.to_hf(path, host).astype(ml_dtypes.bfloat16)
 
+  shard_bytes = min(SHARD_BYTES, n_bytes(shapes) // 3)
   files = safetensors_io.save_tree(
-    tensors(), out_dir, max_shard_bytes=SHARD_BYTES
+    tensors(), out_dir, max_shard_bytes=shard_bytes
   )
   with open(os.path.join(out_dir, 'config.json'), 'w') as f:
-    json.dump(HF_CONFIG, f)
+    json.dump(hf_config, f)
   n = sum(int(np.prod(s)) for s in shapes.values())
   size = sum(os.path.getsize(os.path.join(out_dir, fn)) for fn in files)
   return {'num_params': n, 'checkpoint_bytes': size, 'shards': len(files)}
+
+
+def n_bytes(shapes: dict) -> int:
+  """bf16 bytes of all parameters."""
+  return 2 * sum(math.prod(s) for s in shapes.values())
 
 
 def convert(src: str, mesh_spec: str) -> dict:
@@ -123,18 +139,20 @@ def convert(src: str, mesh_spec: str) -> dict:
   }
 
 
-def main(argv=None) -> int:
+def main(argv=None):
   p = argparse.ArgumentParser()
   p.add_argument('--dir', default='')
   p.add_argument('--mesh', default='1,4,2')
   p.add_argument('--child', default='')
+  p.add_argument('--tiny', action='store_true', help='test size')
   args = p.parse_args(argv)
   if args.child:
-    print(json.dumps(convert(args.child, args.mesh)))
-    return 0
+    out = convert(args.child, args.mesh)
+    print(json.dumps(out))
+    return out
   root = args.dir or tempfile.mkdtemp(prefix='convert_memory_')
   src = os.path.join(root, 'ckpt')
-  info = write_checkpoint(src)
+  info = write_checkpoint(src, {**HF_CONFIG, **(TINY if args.tiny else {})})
   env = dict(os.environ)
   env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
   env['JAX_PLATFORMS'] = 'cpu'
@@ -155,8 +173,8 @@ def main(argv=None) -> int:
     info['load_growth_mib'] - info['device_buffer_mib'], 1
   )
   print(json.dumps(info, indent=2))
-  return 0
+  return info
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  main()
