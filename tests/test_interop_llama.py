@@ -318,6 +318,7 @@ def test_cli_convert_and_export(tmp_path):
 
   ref = _reference('dream', tmp_path / 'hf')
   (tmp_path / 'hf' / 'tokenizer_config.json').write_text('{"x": 1}')
+  _byte_bpe().save(str(tmp_path / 'hf' / 'tokenizer.json'))
   work, out = tmp_path / 'work', tmp_path / 'out'
   assert convert.main(
     ['--from=hf', '--arch=dream', str(tmp_path / 'hf'), f'--to={work}',
@@ -332,6 +333,11 @@ def test_cli_convert_and_export(tmp_path):
   assert np.abs(ours[valid] - want[valid]).max() <= TOL['float32']
   assert convert.main(['--from=workdir', str(work), f'--to_hf={out}']) == 0
   assert (out / 'tokenizer_config.json').read_text() == '{"x": 1}'
+  from ddlm_jax.data import tokenizers
+
+  tok = tokenizers.load_tokenizer(work / 'tokenizer')  # What runs read.
+  assert tok.decode(tok.encode('the cat sat')) == 'the cat sat'
+  assert (out / 'tokenizer.json').exists()
   back = transformers.AutoModelForCausalLM.from_pretrained(
     str(out), dtype=torch.float32
   ).eval()
@@ -343,6 +349,20 @@ def test_cli_convert_and_export(tmp_path):
   with pytest.raises(FileExistsError, match='empty directory'):
     convert.main(['--from=hf', '--arch=dream', str(tmp_path / 'hf'),
                   f'--to={work}'])  # fmt: skip
+
+
+def _byte_bpe():
+  """A small byte-level BPE tokenizer (the `tokenizers` library's own)."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+    vocab_size=90, special_tokens=['<|endoftext|>', '<|mdm_mask|>']
+  )
+  tok.train_from_iterator(['the cat sat on the mat'] * 20, trainer)
+  return tok
 
 
 def test_bfloat16_params_convert(tmp_path):

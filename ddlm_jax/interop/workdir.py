@@ -6,7 +6,8 @@ Layout of a converted directory:
   ...LlamaFamilyConfig fields}, 'source': {...}}`;
 - `params/`: the pure parameter dict as an orbax checkpoint (each process
   writes its own shards, so an 8B model is never gathered on one host);
-- `tokenizer/`: the tokenizer files found next to the weights, as given.
+- `tokenizer/`: the tokenizer files found next to the weights, as given,
+  and (from a `tokenizer.json`) the suite's `ddlm_tokenizer.json`.
 
 `convert_hf` streams the safetensors onto the mesh (`load_params`) and
 saves; `load` restores onto any mesh; `export_hf` writes transformers
@@ -26,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from ddlm_jax.data import pretrained
 from ddlm_jax.interop import llama_family as hf_lib
 from ddlm_jax.models.llama_family import LlamaFamily, LlamaFamilyConfig
 from ddlm_jax.training import state as state_lib
@@ -113,7 +115,12 @@ def convert_hf(
   ckpt = ocp.StandardCheckpointer()
   ckpt.save(os.path.abspath(os.path.join(workdir, PARAMS_DIR)), params)
   ckpt.wait_until_finished()
-  tok = copy_tokenizer(src, os.path.join(workdir, TOKENIZER_DIR))
+  tok_dir = os.path.join(workdir, TOKENIZER_DIR)
+  tok = copy_tokenizer(src, tok_dir)
+  if 'tokenizer.json' in tok:
+    # The suite's own tokenizer file beside it, so tokenizers.load_tokenizer
+    # (what runs use) reads the directory too.
+    pretrained.load_hf_tokenizer(tok_dir).save(tok_dir)
   source = dict(
     format='hf', arch=arch, model_type=hf.get('model_type'),
     param_dtype=param_dtype, tokenizer_files=tok,
