@@ -425,3 +425,54 @@ def test_convert_memory_benchmark_runs_tiny(tmp_path):
   for k in ('rss_before_load_mib', 'rss_peak_mib', 'load_growth_mib'):
     assert np.isfinite(info[k])
   assert info['rss_peak_mib'] >= info['rss_before_load_mib'] > 0
+
+
+@pytest.mark.parametrize('arch', ['llada', 'dream'])
+def test_left_padded_rows_match_transformers_and_run_alone(tmp_path, arch):
+  """Left padding with per-row positions (cumsum(valid) - 1, as Dream's
+  generation code passes them): the same logits as transformers given the
+  same position ids, and each row's content as that row run alone (the
+  building block of batched prompts of different lengths)."""
+  ref = _reference(arch, tmp_path)
+  cfg, params = _ours(tmp_path, arch)
+  rng = np.random.default_rng(3)
+  lengths = (16, 11)
+  ids = rng.integers(1, VOCAB, (2, 16)).astype(np.int32)
+  valid = np.arange(16)[None] >= 16 - np.array(lengths)[:, None]
+  ids = np.where(valid, ids, PAD_ID)
+  pos = np.maximum(np.cumsum(valid, axis=1) - 1, 0)
+  from flax import nnx
+
+  graphdef, _ = nnx.split(
+    nnx.eval_shape(lambda: LlamaFamily(cfg, rngs=nnx.Rngs(0))), nnx.Param
+  )
+  model = nnx.merge(graphdef, params)
+  got = np.asarray(
+    model(jnp.asarray(ids), None, valid_BxL=valid, positions_BxL=pos)
+  )
+  torch_valid = torch.tensor(valid)
+  bias = torch.zeros(2, 1, 16, 16).masked_fill(
+    ~torch_valid[:, None, None, :], torch.finfo(torch.float32).min
+  )
+  with torch.no_grad():
+    want = ref.float()(
+      input_ids=torch.tensor(ids, dtype=torch.long),
+      attention_mask=bias,
+      position_ids=torch.tensor(pos, dtype=torch.long),
+    ).logits.numpy()
+  if arch == 'dream':
+    want = np.concatenate([want[:, :1], want[:, :-1]], axis=1)
+  # Dream's shift reads position i - 1, which for the first content token
+  # of a left-padded row is padding: compare where both are content.
+  both = valid & np.roll(valid, 1, axis=1) if arch == 'dream' else valid
+  assert np.abs(got[both] - want[both]).max() <= TOL['float32']
+  alone = np.asarray(model(jnp.asarray(ids[1:, 16 - lengths[1] :]), None))
+  np.testing.assert_allclose(
+    got[1, 16 - lengths[1] + 1 :], alone[0, 1:], atol=1e-5
+  )
+  # Rotary scores depend on position differences only, so a uniform offset
+  # changes nothing; stretched positions must change the logits.
+  stretched = np.asarray(
+    model(jnp.asarray(ids), None, valid_BxL=valid, positions_BxL=2 * pos)
+  )
+  assert np.abs(stretched[1, 6:] - got[1, 6:]).max() > 1e-3

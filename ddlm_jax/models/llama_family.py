@@ -122,6 +122,21 @@ class LlamaFamilyConfig:
     return self.vocab_size + 1
 
 
+@dataclasses.dataclass(frozen=True)
+class RowContext:
+  """Per-row inputs of every attention layer, for one call.
+
+  Attributes:
+    valid_BxL: bool keys that may be read (False: padding, never content).
+    positions_BxL: rotary positions per row (default 0..L-1); a
+      left-padded row gives its content positions 0.. so it computes what
+      the same row does alone.
+  """
+
+  valid_BxL: jax.Array | None = None  # noqa: N815
+  positions_BxL: jax.Array | None = None  # noqa: N815
+
+
 class GroupedQueryAttention(nnx.Module):
   """Bidirectional rotary attention with fewer K/V heads than query heads.
 
@@ -151,12 +166,15 @@ class GroupedQueryAttention(nnx.Module):
     self.rope_theta, self.impl = cfg.rope_theta, cfg.attention_impl
 
   def __call__(
-    self, x_BxLxD: jax.Array, valid_BxL: jax.Array | None = None
+    self, x_BxLxD: jax.Array, rows: RowContext | None = None
   ) -> jax.Array:
-    """valid_BxL (bool, optional): keys that may be attended (padding off)."""
+    """`rows` (optional): which keys may be read and per-row positions."""
+    rows = RowContext() if rows is None else rows
+    valid_BxL, positions = rows.valid_BxL, rows.positions_BxL
     heads_first = lambda y: jnp.transpose(y, (0, 2, 1, 3))
-    q_BxHxLxK = rotary(heads_first(self.q(x_BxLxD)), self.rope_theta)
-    k_BxGxLxK = rotary(heads_first(self.k(x_BxLxD)), self.rope_theta)
+    rope = lambda y: rotary(heads_first(y), self.rope_theta, positions)
+    q_BxHxLxK = rope(self.q(x_BxLxD))
+    k_BxGxLxK = rope(self.k(x_BxLxD))
     v_BxGxLxK = heads_first(self.v(x_BxLxD))
     k_BxHxLxK = jnp.repeat(k_BxGxLxK, self.groups, axis=1)
     v_BxHxLxK = jnp.repeat(v_BxGxLxK, self.groups, axis=1)
@@ -228,9 +246,11 @@ class LlamaFamily(nnx.Module):
     return jnp.take(table_VxD, tokens_BxL, axis=0)
 
   def backbone(
-    self, x_BxLxD: jax.Array, valid_BxL: jax.Array | None = None
+    self, x_BxLxD: jax.Array, rows: RowContext | None = None
   ) -> jax.Array:
-    call = lambda block, x: block(x, None, valid_BxL)
+    """Blocks and final norm; `rows` reaches every attention layer (through
+    the mixer argument of `layers.Block`, as the transformer's context)."""
+    call = lambda block, x: block(x, None, rows)
     if self.cfg.remat:
       call = nnx.remat(call)
     for block in self.blocks:
@@ -252,17 +272,23 @@ class LlamaFamily(nnx.Module):
     t_B=None,
     *,
     valid_BxL: jax.Array | None = None,
+    positions_BxL: jax.Array | None = None,
   ) -> jax.Array:
     """Logits [B, L, V] predicting the token at each position.
 
     `t_B` is accepted and ignored (the published models are time-free).
     `valid_BxL` (optional, bool) marks the keys every query may attend to:
-    padding set False is never read as content. With `cfg.shift_logits`
-    (Dream) position i gets the network's output at i - 1 and position 0
-    its own.
+    padding set False is never read as content. `positions_BxL` (optional)
+    are rotary positions per row, e.g. cumsum(valid) - 1 for left padding,
+    as Dream's generation code does. With `cfg.shift_logits` (Dream)
+    position i gets the network's output at i - 1 and position 0 its own.
     """
     del t_B
-    out_BxLxV = self.logits(self.backbone(self.embed(tokens_BxL), valid_BxL))
+    rows = None
+    if valid_BxL is not None or positions_BxL is not None:
+      valid_BxL = None if valid_BxL is None else jnp.asarray(valid_BxL)
+      rows = RowContext(valid_BxL, positions_BxL)
+    out_BxLxV = self.logits(self.backbone(self.embed(tokens_BxL), rows))
     if self.cfg.shift_logits:
       out_BxLxV = jnp.concatenate([out_BxLxV[:, :1], out_BxLxV[:, :-1]], 1)
     if self.cfg.forbid_mask_output:
