@@ -156,6 +156,11 @@ def test_convert_dir_and_bound(tmp_path):
   assert n == len(_state()) - 1
   saved = np.load(tmp_path / 'out' / dit.PARAMS_FILE)
   assert saved['blocks/0/attn/qkv/kernel'].shape == (D, 3, H, K)
+  from ddlm_jax.interop import workdir
+  from ddlm_jax.training.config import ConfigError
+
+  with pytest.raises(ConfigError, match="'dit' model"):
+    workdir.read_config(str(tmp_path / 'out'))
   _, params = dit.load_dir(str(tmp_path))
   x = jnp.asarray(np.random.default_rng(0).integers(0, V - 1, (2, 16)))
   nelbo = dit.mdlm_nelbo_per_token(params, x, jax.random.key(0))

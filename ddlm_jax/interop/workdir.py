@@ -84,7 +84,12 @@ def read_config(workdir: str) -> LlamaFamilyConfig:
       'checkpoint; --from=workdir exports only converted directories.'
     )
   model = dict(config['model'])
-  model.pop('backbone', None)
+  backbone = model.pop('backbone', None)
+  if backbone not in hf_lib.ARCHS:
+    raise ConfigError(
+      f'{workdir} holds a {backbone!r} model; only LLaDA- and Dream-family '
+      'directories load as LlamaFamily and export to transformers.'
+    )
   return LlamaFamilyConfig(**model)
 
 
