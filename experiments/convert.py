@@ -8,9 +8,16 @@
   python -m experiments.convert --from=hf --arch=dit SRC --to=WORKDIR
 
 SRC is a local folder (config.json, *.safetensors or a sharded index,
-tokenizer files); nothing is downloaded. `--mesh=DATA,FSDP,TENSOR` places
-the parameters on that mesh while reading (default: all devices on the
-fsdp axis), tensor by tensor; see docs/IMPORT.md for memory.
+tokenizer files); nothing is downloaded. WORKDIR becomes a run directory
+at step 0 (see ddlm_jax.interop.workdir), so
+
+  python -m experiments.run --config=experiments/configs/imported.py:WORKDIR \
+    --workdir=WORKDIR --mode=sample
+
+samples it (and --mode=eval scores it, --mode=train fine-tunes it).
+`--mesh=DATA,FSDP,TENSOR` places the parameters on that mesh while reading
+(default: all devices on the fsdp axis), tensor by tensor; see
+docs/IMPORT.md for memory.
 """
 
 from __future__ import annotations
@@ -37,12 +44,29 @@ def parse(argv):
   p.add_argument('--param_dtype', default='float32',
                  choices=('float32', 'bfloat16'))  # fmt: skip
   p.add_argument('--mask_token_id', type=int, default=None)
+  p.add_argument('--seq_len', type=int, default=1024,
+                 help='data.seq_len of the written run config')  # fmt: skip
   args = p.parse_args(argv)
   if args.source == 'hf' and not (args.arch and args.to):
     p.error('--from=hf needs --arch=llada|dream|dit and --to=WORKDIR.')
   if args.source == 'workdir' and not args.to_hf:
     p.error('--from=workdir needs --to_hf=DIR.')
   return args
+
+
+def run_config(workdir: str, seq_len: int) -> dict:
+  """The run config a converted directory is saved with: the template of
+  experiments/configs/imported.py with rows of seq_len tokens of the
+  model's own tokenizer; override any key when running
+  (--config.data.corpus=..., --config.sample.steps=...)."""
+  import os
+
+  from experiments.configs import imported
+
+  c = imported.get_config()
+  c.data.hf_tokenizer = os.path.abspath(os.path.join(workdir, 'tokenizer'))
+  c.data.seq_len = seq_len
+  return c.to_dict()
 
 
 def _mesh(spec: str):
@@ -83,6 +107,7 @@ def main(argv=None) -> int:
     args.src,
     args.to,
     args.arch,
+    run_config=run_config(args.to, args.seq_len),
     mesh=_mesh(args.mesh),
     param_dtype=args.param_dtype,
     **over,

@@ -322,7 +322,7 @@ def test_cli_convert_and_export(tmp_path):
   work, out = tmp_path / 'work', tmp_path / 'out'
   assert convert.main(
     ['--from=hf', '--arch=dream', str(tmp_path / 'hf'), f'--to={work}',
-     '--mesh=1,4,2', f'--mask_token_id={MASK_ID}']
+     '--mesh=1,4,2', f'--mask_token_id={MASK_ID}', '--seq_len=16']
   ) == 0  # fmt: skip
   cfg, model = workdir_lib.load(str(work), mesh=make_mesh((2, 2, 2)))
   assert cfg.family == 'dream' and cfg.mask_token_id == MASK_ID
@@ -371,8 +371,9 @@ def test_bfloat16_params_convert(tmp_path):
 
   _reference('llada', tmp_path / 'hf')
   workdir_lib.convert_hf(
-    str(tmp_path / 'hf'), str(tmp_path / 'w'), 'llada', param_dtype='bfloat16'
-  )
+    str(tmp_path / 'hf'), str(tmp_path / 'w'), 'llada',
+    run_config={}, param_dtype='bfloat16', mask_token_id=MASK_ID,
+  )  # fmt: skip
   _, model = workdir_lib.load(str(tmp_path / 'w'))
   assert model.blocks[0].attn.q.kernel[...].dtype == jnp.bfloat16
 
@@ -476,3 +477,58 @@ def test_left_padded_rows_match_transformers_and_run_alone(tmp_path, arch):
     model(jnp.asarray(ids), None, valid_BxL=valid, positions_BxL=2 * pos)
   )
   assert np.abs(stretched[1, 6:] - got[1, 6:]).max() > 1e-3
+
+
+@pytest.mark.slow
+def test_converted_directory_is_a_run(tmp_path):
+  """A converted directory loads like a run: load_run restores step 0,
+  --mode=sample writes samples from the imported model, and --mode=eval
+  scores it on text through the run's own pipeline."""
+  from ddlm_jax.training.run import load_config, load_run
+  from experiments import convert, modes
+
+  _reference('llada', tmp_path / 'hf')
+  _byte_bpe().save(str(tmp_path / 'hf' / 'tokenizer.json'))
+  work = tmp_path / 'work'
+  assert convert.main(
+    ['--from=hf', '--arch=llada', str(tmp_path / 'hf'), f'--to={work}',
+     f'--mask_token_id={MASK_ID}', '--seq_len=16']
+  ) == 0  # fmt: skip
+  text = tmp_path / 'val.txt'
+  text.write_text('the cat sat on the mat. ' * 40)
+  over = {
+    'mesh.shape': (1, 1, 1), 'sample.num_samples': 2, 'sample.batch_size': 2,
+    'sample.steps': 4, 'eval.batch_size': 2, 'eval.final_num_batches': 1,
+    'eval.final_time_samples': 1, 'train.batch_size': 2,
+    'data.corpus': 'text_files', 'data.files.train': str(text),
+    'data.files.validation': str(text),
+  }  # fmt: skip
+  run = load_run(str(work), over)
+  assert run.checkpointer.latest_step() == 0
+  from ddlm_jax.data import tokenizers
+
+  vocab = tokenizers.load_tokenizer(work / 'tokenizer').vocab_size
+  assert run.process.vocab_size == run.model_config.data_vocab_size == vocab
+  assert run.model_config.vocab_size == VOCAB > vocab
+  # The restored parameters are the checkpoint's, not a fresh init.
+  _, params = _ours(tmp_path / 'hf', 'llada')
+  np.testing.assert_array_equal(
+    np.asarray(run.state.params['embedding']), np.asarray(params['embedding'])
+  )
+  run.close()
+  config = load_config(str(work), over)
+  stats = modes.run(config, str(work), 'sample')
+  assert stats['step'] == 0
+  assert (work / 'samples.txt').read_text().count('=== sample') == 2
+  result = modes.run(config, str(work), 'eval')
+  assert result['step'] == 0 and np.isfinite(result['nats_per_token'])
+  # --mode=train fine-tunes from the imported step 0.
+  tune = load_config(str(work), {**over, 'train.num_steps': 2})
+  modes.run(tune, str(work), 'train')
+  tuned = load_run(str(work), over)
+  assert tuned.checkpointer.latest_step() == 2
+  assert np.abs(
+    np.asarray(tuned.state.params['embedding']) - np.asarray(
+      params['embedding'])
+  ).max() > 0  # fmt: skip
+  tuned.close()

@@ -23,6 +23,7 @@ LlamaConfig or Qwen2Config dict that `transformers` loads.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -322,3 +323,46 @@ def export_params(
   with open(os.path.join(out_dir, 'config.json'), 'w') as f:
     json.dump(config_to_hf(cfg, dtype), f, indent=2)
   return files
+
+
+# config.model keys of a run that LlamaFamilyConfig does not hold: the
+# backbone name and the suite-wide time-conditioning switch (must be off).
+_RUN_ONLY_KEYS = ('backbone', 'time_conditioning')
+
+
+def run_model_config(model: Mapping[str, Any], process) -> LlamaFamilyConfig:
+  """The LlamaFamilyConfig of a run's config.model (backbone llada|dream).
+
+  The run's tokenizer gives the process vocabulary V_data; the model's
+  logits cover those ids and reads V_data (the process's mask id) as the
+  published mask token, which it never emits.
+  """
+  fields = {f.name for f in dataclasses.fields(LlamaFamilyConfig)}
+  unknown = sorted(set(model) - fields - set(_RUN_ONLY_KEYS))
+  if unknown:
+    raise ConfigError(
+      f'config.model has keys a {model.get("backbone")} model does not '
+      f'take: {unknown}; it takes {sorted(fields)}.'
+    )
+  if model.get('time_conditioning'):
+    raise ConfigError(
+      'LLaDA/Dream models are time-free; set '
+      '--config.model.time_conditioning=False.'
+    )
+  if getattr(process, 'family', '') != 'masked':
+    raise ConfigError(
+      f'a {model.get("backbone")} model runs masked processes; set '
+      "--config.process.kind='mdlm' (or 'md4')."
+    )
+  if process.vocab_size > model['vocab_size']:
+    raise ConfigError(
+      f'the tokenizer has {process.vocab_size} ids, the model only '
+      f'{model["vocab_size"]} embedding rows; use the tokenizer that came '
+      'with the weights.'
+    )
+  kw = {k: v for k, v in model.items() if k in fields}
+  kw.update(data_vocab_size=process.vocab_size, forbid_mask_output=True)
+  try:
+    return LlamaFamilyConfig(**kw)
+  except ValueError as e:
+    raise ConfigError(f'config.model: {e}') from e

@@ -24,10 +24,11 @@ them replicated (`parallel.rules`).
 Call contract: `model(tokens_BxL, t_B=None)` -> float32 logits [B, L, V], the
 contract of a time-free `Transformer`, so the suite's masked samplers run
 an imported model. Token ids are in the published vocabulary; the suite's
-mask id (= V, one past the vocabulary, what `MaskedDiffusion.mask_id` is)
-is read as the published mask token `cfg.mask_token_id`, and with
-`cfg.forbid_mask_output` that token's logit is pushed to -1e9 so a sampler
-never draws it as content.
+mask id (= V, one past the vocabulary, what `MaskedDiffusion.mask_id` is;
+V = `cfg.data_vocab_size` in a run, whose tokenizer may have fewer ids
+than the model has rows) is read as the published mask token
+`cfg.mask_token_id`, and with `cfg.forbid_mask_output` that token's logit
+is pushed to -1e9 so a sampler never draws it as content.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class LlamaFamilyConfig:
   tied_embeddings: bool = False
   mask_token_id: int = -1  # The published mask token; -1: none.
   forbid_mask_output: bool = False
+  # > 0: a run's data vocabulary V_data <= vocab_size (its tokenizer's):
+  # the logits cover ids < V_data and id V_data reads as the mask token.
+  data_vocab_size: int = 0
   attention_impl: str = 'xla'
   dtype: str = 'float32'  # Compute dtype; parameters stay float32.
   remat: bool = False
@@ -111,15 +115,28 @@ class LlamaFamilyConfig:
       )
     if self.forbid_mask_output and self.mask_token_id < 0:
       raise ValueError('forbid_mask_output needs a mask_token_id >= 0.')
+    if not 0 <= self.data_vocab_size <= self.vocab_size:
+      raise ValueError(
+        f'data_vocab_size={self.data_vocab_size} must lie in [0, '
+        f'vocab_size={self.vocab_size}]: the tokenizer has more ids than '
+        'the model has embedding rows.'
+      )
+    if self.data_vocab_size and self.mask_token_id < 0:
+      raise ValueError('data_vocab_size needs a mask_token_id >= 0.')
 
   @property
   def head_size(self) -> int:
     return self.head_dim or self.width // self.num_heads
 
   @property
+  def output_vocab_size(self) -> int:
+    """Classes of the logits: the run's data vocabulary, else all."""
+    return self.data_vocab_size or self.vocab_size
+
+  @property
   def input_vocab_size(self) -> int:
-    """Ids the model reads: the vocabulary plus the suite's mask id (V)."""
-    return self.vocab_size + 1
+    """Ids the model reads: the output classes plus the suite's mask id."""
+    return self.output_vocab_size + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +257,7 @@ class LlamaFamily(nnx.Module):
     cfg = self.cfg
     if cfg.mask_token_id >= 0:
       tokens_BxL = jnp.where(
-        tokens_BxL == cfg.vocab_size, cfg.mask_token_id, tokens_BxL
+        tokens_BxL == cfg.output_vocab_size, cfg.mask_token_id, tokens_BxL
       )
     table_VxD = self.embedding[...].astype(DTYPES[cfg.dtype])
     return jnp.take(table_VxD, tokens_BxL, axis=0)
@@ -293,7 +310,7 @@ class LlamaFamily(nnx.Module):
       out_BxLxV = jnp.concatenate([out_BxLxV[:, :1], out_BxLxV[:, :-1]], 1)
     if self.cfg.forbid_mask_output:
       out_BxLxV = out_BxLxV.at[..., self.cfg.mask_token_id].set(FORBIDDEN_LOGIT)
-    return out_BxLxV
+    return out_BxLxV[..., : self.cfg.output_vocab_size]
 
   def supports_logits_at(self) -> bool:
     """No positional shortcut: samplers call the full pass."""
