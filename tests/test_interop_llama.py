@@ -532,3 +532,10 @@ def test_converted_directory_is_a_run(tmp_path):
       params['embedding'])
   ).max() > 0  # fmt: skip
   tuned.close()
+  import shutil
+
+  from ddlm_jax.training.checkpoint import NoCheckpointError
+
+  shutil.rmtree(work / 'checkpoints')  # Without its step 0: not a run.
+  with pytest.raises(NoCheckpointError):
+    load_run(str(work), over)
