@@ -1,6 +1,7 @@
 """Peak host memory of streaming a ~100M-parameter checkpoint onto 8 devices.
 
   python -m experiments.benchmarks.convert_memory [--dir=TMP] [--mesh=1,4,2]
+  python -m experiments.benchmarks.convert_memory --devices=default --mesh=1,1,1
 
 Writes a random LLaMA-layout checkpoint (bfloat16 safetensors in shards
 with an index, as published models are stored) in one process, then
@@ -10,7 +11,9 @@ and after loading. Placed float32 parameters live in host memory here
 (the devices are CPU devices), so the expected peak is the baseline plus
 the placed parameters plus about one tensor; a second full copy of the
 checkpoint would show as another checkpoint-size step. Memory, not time,
-is measured, so a loaded machine does not change the numbers.
+is measured, so a loaded machine does not change the numbers. With
+`--devices=default` the parameters go to the machine's accelerators
+instead, and the host keeps only the transient per-tensor copies.
 """
 
 from __future__ import annotations
@@ -145,6 +148,8 @@ def main(argv=None):
   p.add_argument('--mesh', default='1,4,2')
   p.add_argument('--child', default='')
   p.add_argument('--tiny', action='store_true', help='test size')
+  # host8: 8 host-platform CPU devices; default: the machine's accelerators.
+  p.add_argument('--devices', default='host8', choices=('host8', 'default'))
   args = p.parse_args(argv)
   if args.child:
     out = convert(args.child, args.mesh)
@@ -154,8 +159,11 @@ def main(argv=None):
   src = os.path.join(root, 'ckpt')
   info = write_checkpoint(src, {**HF_CONFIG, **(TINY if args.tiny else {})})
   env = dict(os.environ)
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
-  env['JAX_PLATFORMS'] = 'cpu'
+  if args.devices == 'host8':
+    env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+    env['JAX_PLATFORMS'] = 'cpu'
+  else:  # The machine's accelerators: parameters leave the host.
+    env.pop('JAX_PLATFORMS', None)
   out = subprocess.run(
     [sys.executable, '-m', 'experiments.benchmarks.convert_memory',
      f'--child={src}', f'--mesh={args.mesh}'],
