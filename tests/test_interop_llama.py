@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 torch = pytest.importorskip('torch', reason='parity needs torch (interop)')
 transformers = pytest.importorskip(
@@ -107,20 +108,18 @@ def _ours(src, arch, dtype='float32', mesh=None, **over):
   return cfg, params
 
 
-def _apply(cfg, params, ids, valid=None):
-  from flax import nnx
-
+def _model(cfg, params):
+  """The nnx model of cfg holding params."""
   graphdef, _ = nnx.split(
     nnx.eval_shape(lambda: LlamaFamily(cfg, rngs=nnx.Rngs(0))), nnx.Param
   )
-  model = nnx.merge(graphdef, params)
+  return nnx.merge(graphdef, params)
+
+
+def _apply(cfg, params, ids, valid=None):
   valid = None if valid is None else jnp.asarray(valid)
+  model = _model(cfg, params)
   return np.asarray(model(jnp.asarray(ids), None, valid_BxL=valid))
-
-
-def _valid_rows(x, valid):
-  """x at the positions that are content (not padding)."""
-  return x[valid]
 
 
 @pytest.mark.parametrize('arch', ['llada', 'dream'])
@@ -140,7 +139,7 @@ def test_logits_match_transformers(tmp_path, arch, dtype):
     want = np.concatenate([want[:, :1], want[:, :-1]], axis=1)
   got = _apply(cfg, params, ids, valid)
   assert got.shape == want.shape == (2, 16, VOCAB)
-  err = np.abs(_valid_rows(got, valid) - _valid_rows(want, valid)).max()
+  err = np.abs(got[valid] - want[valid]).max()  # content positions
   assert err <= TOL[dtype], (arch, dtype, err)
   # The comparison is not vacuous: logits vary across positions.
   assert np.abs(want[0, 1] - want[0, 2]).max() > 10 * TOL[dtype]
@@ -208,7 +207,7 @@ def test_llada_native_names_load(tmp_path):
   save_file(native, str(tmp_path / 'native' / 'model.safetensors'))
   ids, _ = _ids()
   cfg, params = _ours(tmp_path / 'hf', 'llada')
-  _, params_native = _ours_from(tmp_path / 'native', cfg)
+  params_native = interop.load_params(str(tmp_path / 'native'), cfg)
   np.testing.assert_array_equal(
     _apply(cfg, params, ids), _apply(cfg, params_native, ids)
   )
@@ -223,10 +222,6 @@ def _llada_names(depth):
   for i in range(depth):
     for part in parts:
       yield f'model.transformer.blocks.{i}.{part}.weight'
-
-
-def _ours_from(src, cfg):
-  return cfg, interop.load_params(str(src), cfg)
 
 
 def test_llada_native_config_keys():
@@ -298,7 +293,7 @@ def test_sharded_index_is_read(tmp_path):
   )
   assert len(files) > 2
   assert (tmp_path / 'many' / safetensors_io.INDEX_NAME).exists()
-  _, again = _ours_from(tmp_path / 'many', cfg)
+  again = interop.load_params(str(tmp_path / 'many'), cfg)
   ids, _ = _ids()
   np.testing.assert_array_equal(
     _apply(cfg, params, ids), _apply(cfg, again, ids)
@@ -391,12 +386,7 @@ def test_suite_samplers_run_an_imported_model(tmp_path, name):
   cfg, params = _ours(
     tmp_path, 'llada', mask_token_id=MASK_ID, forbid_mask_output=True
   )
-  from flax import nnx
-
-  graphdef, _ = nnx.split(
-    nnx.eval_shape(lambda: LlamaFamily(cfg, rngs=nnx.Rngs(0))), nnx.Param
-  )
-  model = nnx.merge(graphdef, params)
+  model = _model(cfg, params)
   process = MaskedDiffusion(get_schedule('loglinear'), vocab_size=VOCAB)
   assert process.mask_id == VOCAB
   ids = np.random.default_rng(1).integers(1, MASK_ID, (2, 16))
@@ -442,12 +432,7 @@ def test_left_padded_rows_match_transformers_and_run_alone(tmp_path, arch):
   valid = np.arange(16)[None] >= 16 - np.array(lengths)[:, None]
   ids = np.where(valid, ids, PAD_ID)
   pos = np.maximum(np.cumsum(valid, axis=1) - 1, 0)
-  from flax import nnx
-
-  graphdef, _ = nnx.split(
-    nnx.eval_shape(lambda: LlamaFamily(cfg, rngs=nnx.Rngs(0))), nnx.Param
-  )
-  model = nnx.merge(graphdef, params)
+  model = _model(cfg, params)
   got = np.asarray(
     model(jnp.asarray(ids), None, valid_BxL=valid, positions_BxL=pos)
   )
