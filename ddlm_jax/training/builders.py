@@ -25,8 +25,10 @@ from ddlm_jax.diffusion.base import (
 )
 from ddlm_jax.diffusion.masked import MaskedDiffusion
 from ddlm_jax.diffusion.soft_masking import SoftMaskedDiffusion
+from ddlm_jax.interop import llama_family as imported_llama
 from ddlm_jax.models import Transformer, TransformerConfig, hybrid
 from ddlm_jax.models.attention import check_attention_impl
+from ddlm_jax.models.llama_family import LlamaFamily
 from ddlm_jax.models.soft_masking import SoftMaskedModel, SoftMaskInput
 from ddlm_jax.training.config import ConfigError, check_range
 
@@ -118,6 +120,8 @@ def check_model_sizes(model: Mapping) -> None:
 
 
 def model_config(cfg, process: Process) -> TransformerConfig:
+  if cfg.get('backbone') in imported_llama.ARCHS:  # LLaDA / Dream checkpoints
+    return imported_llama.run_model_config(cfg.to_dict(), process)
   model_keys, _ = hybrid.split_model_keys(cfg.to_dict())
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   kwargs = {k: v for k, v in model_keys.items() if k in fields}
@@ -146,7 +150,9 @@ def model_builder(cfg, process, soft_mask=None):
   soft_mask/r_s, r_a, r_b).
   """
   mcfg = model_config(cfg, process)
-  if cfg.get('backbone', 'transformer') == 'hybrid':
+  if cfg.get('backbone') in imported_llama.ARCHS:
+    build = lambda rngs: LlamaFamily(mcfg, rngs=rngs)
+  elif cfg.get('backbone', 'transformer') == 'hybrid':
     hcfg = hybrid.hybrid_config(mcfg, cfg.to_dict())
     build = lambda rngs: hybrid.HybridTransformer(hcfg, rngs=rngs)
   else:

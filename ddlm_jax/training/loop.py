@@ -56,7 +56,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 def _restored(config, workdir: str) -> tuple[Run, int]:
   run = Run(config, workdir)
   step = run.restore()
-  if step == 0:
+  if step == 0 and run.checkpointer.latest_step() is None:
     run.close()
     raise no_checkpoint(workdir)
   return run, step

@@ -439,7 +439,8 @@ def load_run(workdir: str, overrides: dict | None = None) -> Run:
     The Run; its checkpoint step is run.checkpointer.latest_step().
   """
   run = Run(load_config(workdir, overrides), workdir)
-  if run.restore() == 0:
+  # Step 0 is a checkpoint too: an imported model's (interop.workdir).
+  if run.restore() == 0 and run.checkpointer.latest_step() is None:
     run.close()
     raise no_checkpoint(workdir)
   return run
