@@ -24,6 +24,7 @@ from ddlm_jax.parallel import initialize_distributed, keep_freed_memory
 from ddlm_jax.training.checkpoint import CheckpointSaveError
 from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
 from ddlm_jax.training.workdir_lock import WorkdirLockedError
+from experiments import discover
 from experiments.flag_errors import parse_flags
 from experiments.modes import check_mode, run
 
@@ -34,6 +35,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.')
 _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'sample'], '')
 _SPLIT = flags.DEFINE_string('split', 'validation', 'Split for --mode=eval.')
 flags.mark_flags_as_required(['config', 'workdir'])
+discover.define_flags(__name__)  # --list, --describe: handled before parsing.
 
 # User mistakes and refusals: one line on stderr, no traceback (unless
 # --verbosity is given). Anything else is a bug and keeps its traceback.
@@ -68,4 +70,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  discover.handle(sys.argv)  # --list / --describe print and exit.
   app.run(main, flags_parser=parse_flags)
