@@ -1,4 +1,5 @@
-"""Run records: JSON-lines metrics, optional TensorBoard, progress lines."""
+"""Run records: JSON-lines metrics (plus the configured log backends),
+progress lines."""
 
 from __future__ import annotations
 
@@ -25,20 +26,22 @@ def _plain(value):
 class MetricsWriter:
   """Appends {'step', 'split', ...} records to workdir/metrics.jsonl.
 
-  Writes TensorBoard events too when `tensorboardX` is importable.
+  The numbers of each record also go to the backends of the run's
+  `log.backends` (TensorBoard, W&B: ddlm_jax.training.log_backends) when
+  `config` (the run's config dict) names any; metrics.jsonl stays the
+  record of truth.
   """
 
-  def __init__(self, workdir: str, *, enabled: bool = True):
+  def __init__(
+    self, workdir: str, *, enabled: bool = True, config: dict | None = None
+  ):
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self.enabled = enabled
-    self._tb = None
-    if enabled:
-      try:
-        from tensorboardX import SummaryWriter  # optional dependency
+    self._backends = []
+    if enabled and config:
+      from ddlm_jax.training import log_backends
 
-        self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      except ImportError:
-        self._tb = None
+      self._backends = log_backends.make_writers(workdir, config)
 
   def write(self, step: int, split: str, metrics: dict):
     if not self.enabled:
@@ -47,10 +50,16 @@ class MetricsWriter:
     record.update({k: _plain(v) for k, v in metrics.items()})
     with open(self.path, 'a') as f:
       f.write(json.dumps(record) + '\n')
-    if self._tb is not None:
-      for k, v in record.items():
-        if k not in ('step', 'split') and isinstance(v, (int, float)):
-          self._tb.add_scalar(f'{split}/{k}', v, step)
+    if self._backends:
+      scalars = {
+        k: float(v)
+        for k, v in record.items()
+        if k not in ('step', 'split')
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+      }
+      for backend in self._backends:
+        backend.write(int(step), split, scalars)
 
   def drop_after(self, step: int):
     """Forgets records a resumed run will write again (no duplicates).
@@ -76,8 +85,9 @@ class MetricsWriter:
     os.replace(self.path + '.tmp', self.path)
 
   def close(self):
-    if self._tb is not None:
-      self._tb.close()
+    for backend in self._backends:
+      backend.close()
+    self._backends = []
 
 
 def write_json(path: str, obj) -> None:
