@@ -20,6 +20,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from ddlm_jax.evaluation.sample_run import name_samples
 from ddlm_jax.parallel import initialize_distributed, keep_freed_memory
 from ddlm_jax.training.checkpoint import CheckpointSaveError
 from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
@@ -34,6 +35,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.')
 _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'sample'], '')
 _SPLIT = flags.DEFINE_string('split', 'validation', 'Split for --mode=eval.')
+_NAME = flags.DEFINE_string(
+  'name', '', 'Sample files samples_NAME.txt (default: the next free number).'
+)
 flags.mark_flags_as_required(['config', 'workdir'])
 discover.define_flags(__name__)  # --list, --describe: handled before parsing.
 
@@ -57,6 +61,7 @@ def main(argv):
   try:
     keep_freed_memory()  # Before JAX starts its threads; host_memory.py.
     check_mode(config, _MODE.value)  # Before the distributed start-up.
+    name_samples(config, workdir, _NAME.value)  # Refuses a taken name.
     initialize_distributed()
     result = run(config, workdir, _MODE.value, _SPLIT.value)
   except USER_ERRORS as err:
