@@ -10,6 +10,7 @@ datasets = pytest.importorskip('datasets', reason='the data extra')
 pq = pytest.importorskip('pyarrow.parquet', reason='the data extra')
 
 from ddlm_jax.data import openwebtext, parquet  # noqa: E402
+from ddlm_jax.data import zero_shot as zs_data  # noqa: E402
 from experiments.configs.common import FIXTURES  # noqa: E402
 
 
@@ -118,3 +119,56 @@ def test_split_files_pick_one_split(tmp_path):
   assert parquet.split_files(own, str(tmp_path), 'test') == own[1:]
   plain = [str(tmp_path / 'data-00000-of-00001.parquet')]
   assert parquet.split_files(plain, str(tmp_path), 'test') == plain
+
+
+def test_zero_shot_sets_load_from_a_parquet_folder(tmp_path):
+  """The Hub conversion's layout: <config>/<split>/NNNN.parquet per set."""
+  from ddlm_jax.data import detokenizers
+
+  lines = [' = Title = \n', ' some text @-@ here \n', '']
+  val = datasets.Dataset.from_dict({'text': lines})
+  test = datasets.Dataset.from_dict({'text': ['other split']})
+  root = tmp_path / 'zs' / 'wikitext2'
+  _as_parquet(val, root, 2, 'wikitext-2-raw-v1/validation')
+  _as_parquet(test, root, 1, 'wikitext-2-raw-v1/test')
+  docs = zs_data.load_zero_shot('wikitext2', data_dir=str(tmp_path / 'zs'))
+  assert docs.get_many(range(len(docs))) == [
+    detokenizers.wikitext(t) for t in lines
+  ]
+  test_docs = zs_data.load_zero_shot(
+    'wikitext2', data_dir=str(tmp_path / 'zs'), split='test'
+  )
+  assert len(test_docs) == 1
+
+
+def test_a_script_dataset_falls_back_to_its_parquet_conversion(monkeypatch):
+  asked = []
+
+  def fake_load(path, *args, **kwargs):
+    asked.append((path, kwargs.get('data_files')))
+    if path != 'parquet':
+      raise RuntimeError('Dataset scripts are no longer supported')
+    if '%2F' not in kwargs['data_files']['validation']:
+      raise FileNotFoundError('no own Parquet files')
+    return datasets.Dataset.from_dict({'sentence': ['a <unk> b']})
+
+  monkeypatch.setattr(datasets, 'load_dataset', fake_load)
+  docs = zs_data.load_zero_shot('ptb', detokenize=False)
+  assert docs[0] == 'a <unk> b'
+  assert asked[0][0] == 'ptb_text_only'
+  assert asked[1][1] == {
+    'validation': 'hf://datasets/ptb_text_only/penn_treebank/'
+    'validation-*.parquet'
+  }
+  assert asked[2][1] == {
+    'validation': 'hf://datasets/ptb_text_only@refs%2Fconvert%2Fparquet/'
+    'penn_treebank/*validation/*.parquet'
+  }
+
+
+def test_the_save_commands_download_parquet_not_scripts():
+  spec = zs_data.get_dataset('ag_news')
+  cmd = zs_data.save_command(spec, 'test', '')
+  assert cmd.startswith('python -m ddlm_jax.data.zero_shot --names=ag_news')
+  assert 'datasets<4' not in cmd
+  assert '--save_to=' in openwebtext.save_command('Skylion007/openwebtext')
