@@ -24,6 +24,7 @@ from ddlm_jax.evaluation.sample_run import name_samples
 from ddlm_jax.parallel import initialize_distributed, keep_freed_memory
 from ddlm_jax.training.checkpoint import CheckpointSaveError
 from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
+from ddlm_jax.training.progress import mode_summary
 from ddlm_jax.training.workdir_lock import WorkdirLockedError
 from experiments import discover
 from experiments.flag_errors import parse_flags
@@ -69,7 +70,7 @@ def main(argv):
       raise
     print(f'error: {type(err).__name__}: {err}', file=sys.stderr)
     sys.exit(2 if not isinstance(err, FloatingPointError) else 1)
-  print(result)
+  print(mode_summary(result, _MODE.value, workdir, _SPLIT.value))
   if isinstance(result, dict) and 'preempted_at_step' in result:
     sys.exit(PREEMPTED_EXIT_CODE)
 

@@ -31,6 +31,7 @@ from ddlm_jax.sampling import block as block_sampling
 from ddlm_jax.sampling.autoregressive import autoregressive_sample
 from ddlm_jax.sampling.common import generate_id, prefix_prompt
 from ddlm_jax.sampling.registry import sampler_from_config
+from ddlm_jax.training import progress
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.metrics import write_json
 
@@ -130,7 +131,8 @@ def draw_samples(
     else:
       fn = lambda key: sampler(apply, key, run.process, **kwargs)
     name, steps = sampler.name, getattr(sampler, 'num_steps', length)
-  compiled = jax.jit(fn).lower(jax.random.key(seed)).compile()
+  with progress.timed(f'sampling: compiling {name} ({num_samples} x {length})'):
+    compiled = jax.jit(fn).lower(jax.random.key(seed)).compile()
   tokens, nfes, seconds, work = [], [], 0.0, []
   for r in range(calls):
     t0 = time.perf_counter()

@@ -412,6 +412,7 @@ def _fit(task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore):
       if step == start + 1:  # Exclude compilation from the throughput.
         jax.block_until_ready(state)
         t_mark, timed_from = time.perf_counter(), step
+        progress.compiled(step)  # ... and from the rate and ETA shown.
       last = step == stop_at
       is_log = step % cfg.log_every == 0 or last
       is_eval = task.evaluate is not None and (

@@ -126,8 +126,25 @@ class Progress:
     self.steps_per_sec = float('nan')
 
   def start(self, step: int):
+    """Starts the clock before the first step (which compiles)."""
     self._last_step = step
     self._last_t = time.perf_counter()
+    print(
+      f'compiling the train step (from step {step}/{self.total})...',
+      file=self.stream,
+      flush=True,
+    )
+
+  def compiled(self, step: int):
+    """The first step is done: reports its time and restarts the clock, so
+    rates and ETAs from the first report on measure training alone."""
+    now = time.perf_counter()
+    print(
+      f'compiled and ran the first step in {now - self._last_t:.1f}s',
+      file=self.stream,
+      flush=True,
+    )
+    self._last_step, self._last_t = step, now
 
   def report(self, step: int, metrics: dict, extra: str = '') -> dict:
     now = time.perf_counter()

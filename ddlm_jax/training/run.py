@@ -27,7 +27,7 @@ from ddlm_jax.evaluation.sample_run import (
 from ddlm_jax.evaluation.sample_run import write_samples as write_sample_files
 from ddlm_jax.parallel import make_mesh
 from ddlm_jax.sampling.registry import sampler_from_config
-from ddlm_jax.training import builders, fit, steps, warm_start
+from ddlm_jax.training import builders, fit, progress, steps, warm_start
 from ddlm_jax.training.checkpoint import Checkpointer, no_checkpoint
 from ddlm_jax.training.config import (
   RENAMED_KEYS,  # noqa: F401  (re-exported: run.RENAMED_KEYS)
@@ -365,7 +365,7 @@ class Run:
       params,
       self.graphdef,
       self.process,
-      batches,
+      progress.batches(batches, f'evaluating {split}'),
       key=jax.random.key(seed),
       time_samples=time_samples,
     )
