@@ -50,6 +50,8 @@ class Score:
 
   `nats_per_token_stderr` is the Monte-Carlo standard error over the
   `samples` draws of (t, z_t) (0 for AR runs, whose NLL is exact).
+  `num_tokens` counts the text's tokens plus the BOS/EOS of each row for
+  runs whose rows were framed with them (data.wrap), as in training.
   """
 
   text: str
@@ -457,6 +459,12 @@ def load(workdir: str, *, use_ema: bool | None = None) -> Model:
 
   workdir = os.fspath(workdir)
   config = load_config(workdir)
+  kind = config.get('kind', 'lm')
+  if kind != 'lm':
+    raise ConfigError(
+      f'{workdir} is a {kind!r} run; ddlm_jax.load reads language-model '
+      'runs (evaluate this one with python -m experiments.run --mode=eval).'
+    )
   tok_dir = os.path.join(workdir, 'tokenizer')
   if not os.path.isdir(tok_dir):
     raise FileNotFoundError(

@@ -1,5 +1,6 @@
 """The Python API: load by workdir, score, generate, infill (ddlm_jax.api)."""
 
+import json
 import os
 import pathlib
 import re
@@ -104,6 +105,16 @@ def test_bad_requests_are_one_line_errors(model):
     model.infill(['x' * (model.seq_len + 1), 2])
   with pytest.raises(FileNotFoundError, match='not a run directory'):
     ddlm_jax.load(os.path.join(model.workdir, 'nothing_here'))
+
+
+def test_a_run_of_another_kind_is_refused(smoke_mdlm_run, tmp_path):
+  workdir = tmp_path / 'st'
+  shutil.copytree(smoke_mdlm_run[0], workdir)
+  config = json.loads((workdir / 'config.json').read_text())
+  config['kind'] = 'state_tracking'
+  (workdir / 'config.json').write_text(json.dumps(config))
+  with pytest.raises(ConfigError, match="'state_tracking' run"):
+    ddlm_jax.load(str(workdir))
 
 
 @pytest.mark.slow
