@@ -12,7 +12,6 @@ call never overwrites an earlier one.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
@@ -31,9 +30,9 @@ from ddlm_jax.sampling import block as block_sampling
 from ddlm_jax.sampling.autoregressive import autoregressive_sample
 from ddlm_jax.sampling.common import generate_id, prefix_prompt
 from ddlm_jax.sampling.registry import sampler_from_config
+from ddlm_jax.training import metrics as records
 from ddlm_jax.training import progress
 from ddlm_jax.training.config import ConfigError
-from ddlm_jax.training.metrics import write_json
 
 
 def _cfg_get(cfg, key, default=None):
@@ -254,8 +253,8 @@ _NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_.-]*')
 
 def _paths(workdir: str, suffix: str) -> tuple[str, str]:
   return (
-    os.path.join(workdir, f'samples{suffix}.txt'),
-    os.path.join(workdir, f'sample_stats{suffix}.json'),
+    records.join(workdir, f'samples{suffix}.txt'),
+    records.join(workdir, f'sample_stats{suffix}.json'),
   )
 
 
@@ -274,7 +273,7 @@ def output_paths(workdir: str, name: str = '') -> tuple[str, str]:
         'samples_NAME.txt).'
       )
     paths = _paths(workdir, f'_{name}')
-    taken = [p for p in paths if os.path.exists(p)]
+    taken = [p for p in paths if records.exists(p)]
     if taken:
       raise ConfigError(
         f'--name={name}: {taken[0]} exists already; choose another name '
@@ -284,7 +283,7 @@ def output_paths(workdir: str, name: str = '') -> tuple[str, str]:
   n = 1
   while True:
     paths = _paths(workdir, '' if n == 1 else f'_{n}')
-    if not any(os.path.exists(p) for p in paths):
+    if not any(records.exists(p) for p in paths):
       return paths
     n += 1
 
@@ -304,8 +303,8 @@ def name_samples(config, workdir: str, name: str):
 def write_samples(workdir: str, texts, stats: dict, name: str = ''):
   """Writes the samples and their stats to new files; returns their paths."""
   txt, stats_path = output_paths(workdir, name)
-  with open(txt, 'w') as f:
-    for i, text in enumerate(texts):
-      f.write(f'=== sample {i} ===\n{text}\n\n')
-  write_json(stats_path, stats)
+  records.write_text(
+    txt, ''.join(f'=== sample {i} ===\n{t}\n\n' for i, t in enumerate(texts))
+  )
+  records.write_json(stats_path, stats)
   return txt, stats_path

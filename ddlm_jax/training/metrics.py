@@ -1,5 +1,10 @@
 """Run records: JSON-lines metrics (plus the configured log backends),
-progress lines."""
+progress lines.
+
+Records go to local paths or to any `etils.epath` URI (``gs://bucket/run``):
+remote files are written whole (object stores have no append), local ones
+as before.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,50 @@ import sys
 import time
 
 import numpy as np
+
+
+def is_remote(path) -> bool:
+  """Whether `path` is a URI (gs://, s3://, ...) rather than a local path."""
+  text = str(path)
+  return '://' in text and not text.startswith('file://')
+
+
+def join(workdir, *names) -> str:
+  """workdir/name for local paths and URIs alike (no OS separators)."""
+  text = str(workdir)
+  if not is_remote(text):
+    return os.path.join(text, *names)
+  return '/'.join([text.rstrip('/'), *names])
+
+
+def _epath(path):
+  from etils import epath
+
+  return epath.Path(path)
+
+
+def exists(path) -> bool:
+  return _epath(path).exists() if is_remote(path) else os.path.exists(path)
+
+
+def read_text(path) -> str:
+  if is_remote(path):
+    return _epath(path).read_text()
+  with open(path) as f:
+    return f.read()
+
+
+def write_text(path, text: str) -> None:
+  """Writes a whole file: atomically on local disks (tmp + rename); an
+  object store's single write is atomic already."""
+  if is_remote(path):
+    target = _epath(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return
+  with open(path + '.tmp', 'w') as f:
+    f.write(text)
+  os.replace(path + '.tmp', path)
 
 
 def _plain(value):
@@ -35,8 +84,10 @@ class MetricsWriter:
   def __init__(
     self, workdir: str, *, enabled: bool = True, config: dict | None = None
   ):
-    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.path = join(workdir, 'metrics.jsonl')
     self.enabled = enabled
+    self._remote = is_remote(workdir)
+    self._records = None  # Remote: the file's records, rewritten whole.
     self._backends = []
     if enabled and config:
       from ddlm_jax.training import log_backends
@@ -48,8 +99,18 @@ class MetricsWriter:
       return
     record = {'step': int(step), 'split': split}
     record.update({k: _plain(v) for k, v in metrics.items()})
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(record) + '\n')
+    if self._remote:
+      if self._records is None:
+        self._records = (
+          _parse(read_text(self.path)) if exists(self.path) else []
+        )
+      self._records.append(record)
+      write_text(
+        self.path, ''.join(json.dumps(r) + '\n' for r in self._records)
+      )
+    else:
+      with open(self.path, 'a') as f:
+        f.write(json.dumps(record) + '\n')
     if self._backends:
       scalars = {
         k: float(v)
@@ -68,21 +129,19 @@ class MetricsWriter:
     everything earlier; final records (test, final validation) at or past
     it are dropped, as the run recomputes them.
     """
-    if not self.enabled or not os.path.exists(self.path):
+    if not self.enabled or not exists(self.path):
       return
-    with open(self.path) as f:
-      records = [json.loads(line) for line in f if line.strip()]
+    records = _parse(read_text(self.path))
     keep = [
       r
       for r in records
       if r['step'] < step
       or (r['step'] == step and r['split'] in ('train', 'validation'))
     ]
+    self._records = keep if self._remote else None
     if len(keep) == len(records):
       return
-    with open(self.path + '.tmp', 'w') as f:
-      f.writelines(json.dumps(r) + '\n' for r in keep)
-    os.replace(self.path + '.tmp', self.path)
+    write_text(self.path, ''.join(json.dumps(r) + '\n' for r in keep))
 
   def close(self):
     for backend in self._backends:
@@ -92,17 +151,16 @@ class MetricsWriter:
 
 def write_json(path: str, obj) -> None:
   """Writes obj as JSON atomically (a reader never sees half a file)."""
-  with open(path + '.tmp', 'w') as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(path + '.tmp', path)
+  write_text(path, json.dumps(obj, indent=2, sort_keys=True))
+
+
+def _parse(text: str) -> list[dict]:
+  return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  path = join(workdir, 'metrics.jsonl')
+  return _parse(read_text(path)) if exists(path) else []
 
 
 def format_duration(seconds: float) -> str:

@@ -9,9 +9,8 @@ inline. `curves_figure` returns the figure for a notebook to display.
 from __future__ import annotations
 
 import math
-import os
 
-from ddlm_jax.training.metrics import read_metrics
+from ddlm_jax.training.metrics import is_remote, join, read_metrics
 
 
 def curves_figure(records: list[dict]):
@@ -49,10 +48,20 @@ def curves_figure(records: list[dict]):
 
 
 def save_figure(fig, path: str, dpi: int = 110) -> str:
-  """Writes `fig` to `path` with the Agg canvas (no backend is chosen)."""
+  """Writes `fig` as PNG to `path` (local or an epath URI) with the Agg
+  canvas; no backend is chosen."""
+  import io
+
   from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-  FigureCanvasAgg(fig).print_figure(path, dpi=dpi)
+  if not is_remote(path):
+    FigureCanvasAgg(fig).print_figure(path, dpi=dpi)
+    return path
+  from etils import epath
+
+  buffer = io.BytesIO()
+  FigureCanvasAgg(fig).print_figure(buffer, dpi=dpi, format='png')
+  epath.Path(path).write_bytes(buffer.getvalue())
   return path
 
 
@@ -61,6 +70,4 @@ def plot_curves(workdir: str) -> str | None:
   records = read_metrics(workdir)
   if not records:
     return None
-  return save_figure(
-    curves_figure(records), os.path.join(workdir, 'curves.png')
-  )
+  return save_figure(curves_figure(records), join(workdir, 'curves.png'))
