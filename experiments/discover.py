@@ -181,14 +181,20 @@ def describe(spec: str) -> str:
     textwrap.dedent(inspect.getsource(common.base_config))
   )
   comments.update(key_comments((CONFIG_DIR / f'{name}.py').read_text()))
-  base = _flat(common.base_config())
+  # Language-model configs start from base_config; the other kinds have
+  # their own defaults (the config without an argument).
+  if config.get('kind', 'lm') == 'lm':
+    base = _flat(common.base_config())
+    against = 'base_config in experiments/configs/common.py'
+  else:
+    base = _flat(module.get_config())
+    against = f"{name}'s default"
   flat = _flat(config)
   # Top-level keys first, then each block's keys.
   rows = {k: flat[k] for k in sorted(flat, key=lambda k: ('.' in k, k))}
   lines = [
     f'{name}{":" + arg if arg else ""}: {summary_line(module)}',
-    '(* = differs from base_config in experiments/configs/common.py; set '
-    'any key with --config.KEY=VALUE)',
+    f'(* = differs from {against}; set any key with --config.KEY=VALUE)',
   ]
   width = min(max(len(f'{k} = {v!r}') for k, v in rows.items()), 40)
   block = None

@@ -66,6 +66,15 @@ def test_describe_shows_every_key_value_and_comment():
   assert set(base) <= set(flat)
 
 
+def test_describe_marks_other_kinds_against_their_own_default():
+  text = discover.describe('state_tracking:pdssm,parity,smoke')
+  assert "(* = differs from state_tracking's default;" in text
+  lines = text.splitlines()
+  (kind,) = [ln for ln in lines if ln[2:].startswith('kind = ')]
+  assert kind.startswith('  ')  # Same kind as the default: unmarked.
+  assert any(ln.startswith('* train.num_steps = ') for ln in lines)
+
+
 def test_describe_refuses_an_unknown_config_in_one_line():
   with pytest.raises(ValueError, match='no config .nosuch.; choose one of'):
     discover.describe('nosuch')
