@@ -141,9 +141,11 @@ def draw_samples(
     nfes.append(np.asarray(nfe))
     work += cost_of_call
     if calls > 1:
+      eta = seconds / (r + 1) * (calls - r - 1)
       print(
         f'sampling: batch {r + 1}/{calls} ({(r + 1) * num_samples} '
-        f'samples, {seconds:.1f}s)',
+        f'samples, {seconds:.1f}s, {(r + 1) * num_samples / seconds:.1f} '
+        f'samples/s, ETA {records.format_duration(eta)})',
         flush=True,
       )
   tokens = np.concatenate(tokens)
