@@ -20,10 +20,13 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from ddlm_jax.evaluation.sample_run import name_samples
 from ddlm_jax.parallel import initialize_distributed, keep_freed_memory
 from ddlm_jax.training.checkpoint import CheckpointSaveError
 from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
+from ddlm_jax.training.progress import mode_summary
 from ddlm_jax.training.workdir_lock import WorkdirLockedError
+from experiments import discover
 from experiments.flag_errors import parse_flags
 from experiments.modes import check_mode, run
 
@@ -33,7 +36,11 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.')
 _MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'sample'], '')
 _SPLIT = flags.DEFINE_string('split', 'validation', 'Split for --mode=eval.')
+_NAME = flags.DEFINE_string(
+  'name', '', 'Sample files samples_NAME.txt (default: the next free number).'
+)
 flags.mark_flags_as_required(['config', 'workdir'])
+discover.define_flags(__name__)  # --list, --describe: handled before parsing.
 
 # User mistakes and refusals: one line on stderr, no traceback (unless
 # --verbosity is given). Anything else is a bug and keeps its traceback.
@@ -55,6 +62,7 @@ def main(argv):
   try:
     keep_freed_memory()  # Before JAX starts its threads; host_memory.py.
     check_mode(config, _MODE.value)  # Before the distributed start-up.
+    name_samples(config, workdir, _NAME.value)  # Refuses a taken name.
     initialize_distributed()
     result = run(config, workdir, _MODE.value, _SPLIT.value)
   except USER_ERRORS as err:
@@ -62,10 +70,11 @@ def main(argv):
       raise
     print(f'error: {type(err).__name__}: {err}', file=sys.stderr)
     sys.exit(2 if not isinstance(err, FloatingPointError) else 1)
-  print(result)
+  print(mode_summary(result, _MODE.value, workdir, _SPLIT.value))
   if isinstance(result, dict) and 'preempted_at_step' in result:
     sys.exit(PREEMPTED_EXIT_CODE)
 
 
 if __name__ == '__main__':
+  discover.handle(sys.argv)  # --list / --describe print and exit.
   app.run(main, flags_parser=parse_flags)

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import re
 
 import nbformat
 import pytest
@@ -15,6 +16,19 @@ NOTEBOOKS = sorted(
   p for p in (ROOT / 'colab').glob('*.ipynb') if p.name not in OWN_TESTS
 )
 _RESOURCES = {'metadata': {'path': str(ROOT)}}
+# A cell that shows a figure: pyplot's show or IPython's display of one.
+FIGURE_CELL = re.compile(r'plt\.show\(\)|display\(fig')
+
+
+def figure_cells_without_image(nb) -> list[str]:
+  """The first lines of figure cells that produced no image output."""
+  return [
+    cell.source.splitlines()[0]
+    for cell in nb.cells
+    if cell.cell_type == 'code'
+    and FIGURE_CELL.search(cell.source)
+    and not any('image/png' in o.get('data', {}) for o in cell.outputs)
+  ]
 
 
 @pytest.fixture(scope='module')
@@ -58,8 +72,53 @@ def test_notebook_executes(path, kernel):
     for o in c.get('outputs', [])
   ]  # fmt: skip
   assert any('validation bits/char' in text for text in outputs)
+  assert figure_cells_without_image(nb) == []
+  figures = [c for c in nb.cells if FIGURE_CELL.search(c.source)]
+  assert figures, 'each notebook plots its run'
+
+
+def test_the_library_never_chooses_a_matplotlib_backend():
+  """matplotlib.use / pyplot would turn a notebook's inline plots off."""
+  for path in (ROOT / 'ddlm_jax').rglob('*.py'):
+    text = path.read_text()
+    assert 'matplotlib.use(' not in text, path
+    assert 'import matplotlib.pyplot' not in text, path
+
+
+def test_curves_are_saved_without_touching_the_backend(tmp_path):
+  import json
+
+  import matplotlib
+
+  from ddlm_jax.training import plots
+
+  records = [
+    {'step': 2, 'split': 'train', 'nelbo_per_token': 3.0},
+    {
+      'step': 2,
+      'split': 'validation',
+      'bits_per_token': 4.0,
+      'bits_per_token_stderr': 0.1,
+    },
+  ]
+  with open(tmp_path / 'metrics.jsonl', 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in records)
+  before = matplotlib.get_backend()
+  path = plots.plot_curves(str(tmp_path))
+  assert matplotlib.get_backend() == before
+  assert open(path, 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
+  fig = plots.curves_figure(records)
+  assert [ax.get_title() for ax in fig.axes] == ['training loss', 'validation']
 
 
 def test_there_is_a_quickstart_notebook():
   assert (ROOT / 'colab' / 'quickstart.ipynb') in NOTEBOOKS
   assert os.path.getsize(ROOT / 'colab' / 'quickstart.ipynb') > 0
+
+
+def test_the_quickstart_notebook_uses_the_python_api():
+  nb = nbformat.read(ROOT / 'colab' / 'quickstart.ipynb', as_version=4)
+  code = '\n'.join(c.source for c in nb.cells if c.cell_type == 'code')
+  assert 'ddlm_jax.load(workdir)' in code
+  for call in ('model.score(', 'model.generate(', 'model.infill('):
+    assert call in code

@@ -47,6 +47,10 @@ def test_samplers_notebook_on_a_trained_run(smoke_run, monkeypatch):
   assert 'validation bits/char' in text
   images = [o for o in outputs if 'image/png' in o.get('data', {})]
   assert len(images) == 2  # the denoising picture and the NFE plots
+  shows = [c for c in nb.cells if 'plt.show()' in c.source]
+  assert len(shows) == 2
+  for cell in shows:  # Each figure in the cell that draws it.
+    assert any('image/png' in o.get('data', {}) for o in cell.outputs)
   for spec in ('first_hitting', 'eb:gamma=2.0', 'confidence:num_steps=16'):
     assert spec in text
   assert '(validation text)' in text

@@ -1,11 +1,20 @@
 """OpenWebText through HF ``datasets``, GPT-2 tokens, packed to 1024.
 
 Data: the 8,013,769 documents of OpenWebText (one ``train`` split, column
-``text``), read either from a folder written by ``Dataset.save_to_disk``
-(``config.data.data_dir``; the offline route, e.g. copied to every host) or
-with ``datasets.load_dataset(config.data.hf_dataset, split='train')``, which
-uses the local HF cache (and the Hub unless ``HF_DATASETS_OFFLINE=1``).
-``python -m ddlm_jax.data.openwebtext --save_to=DIR`` downloads and saves it.
+``text``), read without any dataset script (``datasets`` >= 4 runs none):
+
+* ``config.data.data_dir`` a folder of Parquet files (the Hub's Parquet
+  conversion, e.g. ``plain_text/train/0000.parquet`` ...; files are read in
+  sorted path order, which is the corpus's document order) or a folder
+  written by ``Dataset.save_to_disk``; the offline route, e.g. copied to
+  every host. ``python -m ddlm_jax.data.openwebtext --save_to=DIR``
+  downloads the Parquet files there.
+* no data_dir: the Parquet files of ``config.data.hf_dataset`` from the HF
+  cache (and the Hub unless ``HF_DATASETS_OFFLINE=1``): the repository's own
+  Parquet files if it has them, else its ``refs/convert/parquet`` branch.
+
+Either way the documents and their order are those of the original
+dataset, so the splits below select the same documents as before.
 
 Tokenizer: ``gpt2`` (``<|endoftext|>`` is both BOS and EOS). Each document
 is followed by EOS and the documents are joined into one stream, cached on
@@ -37,6 +46,7 @@ import os
 
 import numpy as np
 
+from ddlm_jax.data import parquet
 from ddlm_jax.data import tokenizers as tok_lib
 from ddlm_jax.data.pretrained import (
   TEST_TOKENIZERS,
@@ -64,6 +74,11 @@ MD4_SPLIT_SEED = 0x4D44
 _TEST_TOKENIZER_DOCS = 5_000
 
 
+# Parquet globs: the repository's own files, and its Hub conversion.
+OWN_PARQUET = '**/*.parquet'
+CONVERTED_PARQUET = 'plain_text/*/*.parquet'
+
+
 def save_command(hf_dataset: str, target: str = '~/ddlm_data/openwebtext'):
   return (
     'python -m ddlm_jax.data.openwebtext '
@@ -72,36 +87,36 @@ def save_command(hf_dataset: str, target: str = '~/ddlm_data/openwebtext'):
 
 
 def owt_records(cfg):
-  """The OWT ``train`` records: ``load_from_disk`` or ``load_dataset``.
+  """The OWT ``train`` records from Parquet (or a save_to_disk folder).
 
   Raises:
     DataUnavailableError: neither the folder nor a cached copy exists.
   """
-  import datasets
-
   if cfg.data_dir:
     path = os.path.expanduser(cfg.data_dir)
     if not os.path.isdir(path):
       raise DataUnavailableError(
-        f'OpenWebText folder {path} not found. Save the dataset there with:'
-        f'\n  {save_command(cfg.hf_dataset, cfg.data_dir)}'
+        f'OpenWebText folder {path} not found. Download its Parquet files '
+        f'there with:\n  {save_command(cfg.hf_dataset, cfg.data_dir)}'
       )
-    ds = datasets.load_from_disk(path)
-    if isinstance(ds, datasets.DatasetDict):
-      if 'train' not in ds:
-        raise ValueError(f'{path} holds splits {list(ds)}, no train split.')
-      ds = ds['train']
-    return ds
+    return parquet.records_from_folder(path)
   try:
-    return datasets.load_dataset(cfg.hf_dataset, split='train')
-  except Exception as e:  # noqa: BLE001 - network, cache and script errors.
+    ds = parquet.hub_parquet(cfg.hf_dataset, OWN_PARQUET, CONVERTED_PARQUET)
+  except Exception as e:  # noqa: BLE001 - network, cache and missing files.
     raise DataUnavailableError(
-      f'Could not load {cfg.hf_dataset!r} from the HF cache or Hub '
-      f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}). '
+      f'Could not load the Parquet files of {cfg.hf_dataset!r} from the HF '
+      f'cache or Hub ({str(e).splitlines()[0] if str(e) else ""}). '
       'On a machine with internet save it once with:\n  '
       f'{save_command(cfg.hf_dataset)}\nthen pass '
       '--config.data.data_dir=~/ddlm_data/openwebtext.'
     ) from e
+  if cfg.hf_dataset == 'Skylion007/openwebtext' and len(ds) != NUM_DOCUMENTS:
+    raise DataUnavailableError(
+      f'{cfg.hf_dataset} loaded {len(ds)} documents, not {NUM_DOCUMENTS} '
+      '(a partial Parquet conversion?); the document split would differ. '
+      f'Save the full corpus with:\n  {save_command(cfg.hf_dataset)}'
+    )
+  return ds
 
 
 def _tokenizer(cfg, tokenizer, records):
@@ -216,19 +231,16 @@ def openwebtext_source(
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(
-    description='Download OpenWebText and save it with save_to_disk.'
+    description='Download OpenWebText as Parquet files (no dataset script).'
   )
   parser.add_argument('--save_to', required=True)
   parser.add_argument('--hf_dataset', default='Skylion007/openwebtext')
-  parser.add_argument('--num_proc', type=int, default=8)
   args = parser.parse_args(argv)
-  import datasets
-
-  ds = datasets.load_dataset(
-    args.hf_dataset, split='train', num_proc=args.num_proc
+  files = parquet.download_parquet(
+    args.hf_dataset, args.save_to, OWN_PARQUET, CONVERTED_PARQUET
   )
-  ds.save_to_disk(os.path.expanduser(args.save_to))
-  print(f'{len(ds)} documents -> {args.save_to}')
+  ds = parquet.records_from_folder(args.save_to)
+  print(f'{len(ds)} documents in {len(files)} Parquet files -> {args.save_to}')
 
 
 if __name__ == '__main__':

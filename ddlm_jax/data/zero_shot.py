@@ -22,14 +22,16 @@ The splits are MDLM's: its loader uses ``test`` for lm1b and ag_news and
 (config ``en``) serves as its ``test`` split. Each row is one document (as in
 MDLM: a WikiText row is one line of the article, empty lines included).
 
-Loading order for a name: a ``save_to_disk`` folder ``data_dir/<name>``
-(a ``Dataset`` or a ``DatasetDict`` holding the split) if present, then
-``datasets.load_dataset`` (HF cache, then the Hub unless offline). LM1B
-comes from TFDS like the LM1B training source. ``ptb_text_only``,
-``scientific_papers`` and ``ag_news`` were script datasets; ``datasets>=4``
-no longer runs scripts, so on a recent ``datasets`` save them with an older
-one (or from their parquet conversion) into ``data_dir`` first; the error
-message prints the command.
+Loading order for a name, never through a loading script (``datasets`` >= 4
+runs none): a folder ``data_dir/<name>`` of Parquet files (the split's
+files are picked by their ``<split>/`` folder or ``<split>-`` prefix) or
+written by ``save_to_disk``; then the Hub repository (HF cache first) as
+``datasets.load_dataset`` reads data-only repositories; then, for the
+former script datasets (``ptb_text_only``, ``ag_news``,
+``scientific_papers``), the Parquet conversion the Hub keeps for them
+(``ddlm_jax.data.parquet``). ``python -m ddlm_jax.data.zero_shot
+--save_to=DIR`` downloads the suite's Parquet files into ``DIR/<name>``
+for offline hosts. LM1B comes from TFDS like the LM1B training source.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ddlm_jax.data import detokenizers
+from ddlm_jax.data import detokenizers, parquet
 from ddlm_jax.data.pretrained import DataUnavailableError
 from ddlm_jax.data.sources import TextColumn
 
@@ -53,13 +55,21 @@ class ZeroShotDataset:
   column: str
   detokenizer: str = ''
   via: str = 'hf'  # 'hf' or 'tfds'
+  # The config folder of the Hub's Parquet conversion ('' = hf_config,
+  # else 'default').
+  parquet_config: str = ''
+
+  @property
+  def parquet_dir(self) -> str:
+    return self.parquet_config or self.hf_config or 'default'
 
 
 ZERO_SHOT_DATASETS: dict[str, ZeroShotDataset] = {
   d.name: d
   for d in (
     ZeroShotDataset(
-      'ptb', 'ptb_text_only', None, 'validation', 'sentence', 'ptb'
+      'ptb', 'ptb_text_only', None, 'validation', 'sentence', 'ptb',
+      parquet_config='penn_treebank',
     ),
     ZeroShotDataset(
       'wikitext2', 'wikitext', 'wikitext-2-raw-v1', 'validation', 'text',
@@ -98,24 +108,30 @@ def get_dataset(name: str) -> ZeroShotDataset:
 
 
 def save_command(spec: ZeroShotDataset, split: str, data_dir: str) -> str:
-  config = f', {spec.hf_config!r}' if spec.hf_config else ''
-  target = os.path.join(data_dir or '~/ddlm_data/zero_shot', spec.name)
+  target = data_dir or '~/ddlm_data/zero_shot'
   return (
-    'python -c "import datasets; datasets.load_dataset('
-    f'{spec.hf_path!r}{config}, split={split!r}).save_to_disk('
-    f"'{target}')\""
+    f'python -m ddlm_jax.data.zero_shot --names={spec.name} '
+    f'--split={split} --save_to={target}'
   )
 
 
-def _from_disk(path: str, split: str):
+def _globs(spec: ZeroShotDataset, split: str) -> tuple[str, str]:
+  """Parquet globs of a split: the repository's own files, the conversion."""
+  folder = spec.parquet_dir
+  return f'{folder}/{split}-*.parquet', f'{folder}/*{split}/*.parquet'
+
+
+def _from_hub(spec: ZeroShotDataset, split: str):
   import datasets
 
-  ds = datasets.load_from_disk(path)
-  if isinstance(ds, datasets.DatasetDict):
-    if split not in ds:
-      raise ValueError(f'{path} has splits {list(ds)}, not {split!r}.')
-    ds = ds[split]
-  return ds
+  try:  # A data-only repository (Parquet, JSON, ...): no script runs.
+    return datasets.load_dataset(spec.hf_path, spec.hf_config, split=split)
+  except Exception as e:  # noqa: BLE001 - a script dataset, cache, network.
+    first = f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'
+  try:
+    return parquet.hub_parquet(spec.hf_path, *_globs(spec, split), split=split)
+  except FileNotFoundError as e:
+    raise FileNotFoundError(f'{first}; Parquet: {e}') from e
 
 
 def load_zero_shot(
@@ -130,7 +146,8 @@ def load_zero_shot(
 
   Args:
     name: a key of ``ZERO_SHOT_DATASETS``.
-    data_dir: folder of ``save_to_disk`` copies, one sub-folder per name.
+    data_dir: folder of Parquet (or ``save_to_disk``) copies, one
+      sub-folder per name.
     tfds_data_dir: TFDS data_dir for ``lm1b``.
     split: override the suite's split.
     detokenize: apply the set's detokenizer (the papers do).
@@ -144,28 +161,53 @@ def load_zero_shot(
   detok = detokenizers.get_detokenizer(spec.detokenizer) if detokenize else None
   local = os.path.join(os.path.expanduser(data_dir), name) if data_dir else ''
   if local and os.path.isdir(local):
-    return TextColumn(_from_disk(local, split), spec.column, detokenizer=detok)
+    return TextColumn(
+      parquet.records_from_folder(local, split), spec.column, detokenizer=detok
+    )
   if spec.via == 'tfds':
     from ddlm_jax.data.lm1b import lm1b_records
 
     return TextColumn(
       lm1b_records(split, tfds_data_dir), spec.column, detokenizer=detok
     )
-  import datasets
-
   try:
-    ds = datasets.load_dataset(spec.hf_path, spec.hf_config, split=split)
-  except Exception as e:  # noqa: BLE001 - cache/network/script errors.
+    ds = _from_hub(spec, split)
+  except Exception as e:  # noqa: BLE001 - cache/network/missing files.
     first = str(e).splitlines()[0] if str(e) else ''
     raise DataUnavailableError(
       f'Zero-shot set {name!r} ({spec.hf_path}, {split}) is not in '
       f'{local or "data_dir"} nor the HF cache ({type(e).__name__}: {first}).'
       f' Save it once, on a machine with internet, with:\n  '
       f'{save_command(spec, split, data_dir)}\nthen pass --data_dir='
-      f'{data_dir or "~/ddlm_data/zero_shot"}. (Script datasets need '
-      "pip install 'datasets<4' for that step.)"
+      f'{data_dir or "~/ddlm_data/zero_shot"} (Parquet or save_to_disk '
+      'folders, one per set).'
     ) from e
   return TextColumn(ds, spec.column, detokenizer=detok)
+
+
+def main(argv=None) -> None:
+  """Downloads zero-shot sets as Parquet files into SAVE_TO/<name>."""
+  import argparse
+
+  parser = argparse.ArgumentParser(description=main.__doc__)
+  parser.add_argument('--save_to', required=True)
+  parser.add_argument('--names', default=','.join(SUITE))
+  parser.add_argument('--split', default='', help="'' = each set's split")
+  args = parser.parse_args(argv)
+  for name in filter(None, args.names.split(',')):
+    spec = get_dataset(name)
+    if spec.via != 'hf':
+      print(f'{name}: from TFDS (docs/LAUNCH.md), skipped')
+      continue
+    split = args.split or spec.split
+    target = os.path.join(os.path.expanduser(args.save_to), name)
+    files = parquet.download_parquet(spec.hf_path, target, *_globs(spec, split))
+    docs = len(parquet.records_from_folder(target, split))
+    print(f'{name}: {docs} documents in {len(files)} Parquet files -> {target}')
+
+
+if __name__ == '__main__':
+  main()
 
 
 __all__ = [

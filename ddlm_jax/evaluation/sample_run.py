@@ -5,10 +5,14 @@ that the timed execution excludes compilation, and reports NFE, FLOPs (per
 network for model scheduling) and wall-clock rates. `sample_and_score` adds
 the content metrics, gen-ppl from an AR scorer run and MAUVE, as configured
 in the run's `sample` block (keys documented in experiments/configs/common).
+`write_samples` stores each call's samples in files of their own
+(samples.txt, then samples_2.txt, ... or samples_NAME.txt), so a later
+call never overwrites an earlier one.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 import jax
@@ -26,6 +30,9 @@ from ddlm_jax.sampling import block as block_sampling
 from ddlm_jax.sampling.autoregressive import autoregressive_sample
 from ddlm_jax.sampling.common import generate_id, prefix_prompt
 from ddlm_jax.sampling.registry import sampler_from_config
+from ddlm_jax.training import metrics as records
+from ddlm_jax.training import progress
+from ddlm_jax.training.config import ConfigError
 
 
 def _cfg_get(cfg, key, default=None):
@@ -123,7 +130,8 @@ def draw_samples(
     else:
       fn = lambda key: sampler(apply, key, run.process, **kwargs)
     name, steps = sampler.name, getattr(sampler, 'num_steps', length)
-  compiled = jax.jit(fn).lower(jax.random.key(seed)).compile()
+  with progress.timed(f'sampling: compiling {name} ({num_samples} x {length})'):
+    compiled = jax.jit(fn).lower(jax.random.key(seed)).compile()
   tokens, nfes, seconds, work = [], [], 0.0, []
   for r in range(calls):
     t0 = time.perf_counter()
@@ -133,9 +141,11 @@ def draw_samples(
     nfes.append(np.asarray(nfe))
     work += cost_of_call
     if calls > 1:
+      eta = seconds / (r + 1) * (calls - r - 1)
       print(
         f'sampling: batch {r + 1}/{calls} ({(r + 1) * num_samples} '
-        f'samples, {seconds:.1f}s)',
+        f'samples, {seconds:.1f}s, {(r + 1) * num_samples / seconds:.1f} '
+        f'samples/s, ETA {records.format_duration(eta)})',
         flush=True,
       )
   tokens = np.concatenate(tokens)
@@ -238,3 +248,65 @@ def sample_and_score(run, *, scorer=None, scorer_run=None, light_run=None):
     )
   )
   return texts, stats
+
+
+_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_.-]*')
+
+
+def _paths(workdir: str, suffix: str) -> tuple[str, str]:
+  return (
+    records.join(workdir, f'samples{suffix}.txt'),
+    records.join(workdir, f'sample_stats{suffix}.json'),
+  )
+
+
+def output_paths(workdir: str, name: str = '') -> tuple[str, str]:
+  """(samples, stats) paths for a new sampling call, neither existing yet.
+
+  Unnamed calls take samples.txt / sample_stats.json, then samples_2.txt /
+  sample_stats_2.json, and so on; a named call takes samples_NAME.txt /
+  sample_stats_NAME.json and is refused (ConfigError, before any compute
+  when called first) if they exist.
+  """
+  if name:
+    if not _NAME.fullmatch(name):
+      raise ConfigError(
+        f'--name={name!r}: use letters, digits, _ . - (it names '
+        'samples_NAME.txt).'
+      )
+    paths = _paths(workdir, f'_{name}')
+    taken = [p for p in paths if records.exists(p)]
+    if taken:
+      raise ConfigError(
+        f'--name={name}: {taken[0]} exists already; choose another name '
+        '(earlier samples are never overwritten).'
+      )
+    return paths
+  n = 1
+  while True:
+    paths = _paths(workdir, '' if n == 1 else f'_{n}')
+    if not any(records.exists(p) for p in paths):
+      return paths
+    n += 1
+
+
+def name_samples(config, workdir: str, name: str):
+  """Names a run's sample files (config.sample.name; the --name flag).
+
+  Refuses a name whose files exist before anything is computed.
+  """
+  if not name:
+    return
+  output_paths(workdir, name)
+  with config.unlocked():
+    config.sample.name = name
+
+
+def write_samples(workdir: str, texts, stats: dict, name: str = ''):
+  """Writes the samples and their stats to new files; returns their paths."""
+  txt, stats_path = output_paths(workdir, name)
+  records.write_text(
+    txt, ''.join(f'=== sample {i} ===\n{t}\n\n' for i, t in enumerate(texts))
+  )
+  records.write_json(stats_path, stats)
+  return txt, stats_path

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ddlm_jax.parallel import batch_sharding, make_mesh
+from ddlm_jax.training import log_backends
 from ddlm_jax.training import metrics as metrics_lib
 from ddlm_jax.training.checkpoint import Checkpointer, no_checkpoint
 from ddlm_jax.training.config import TrainerConfig
@@ -304,6 +305,8 @@ def fit(
       takes it (one writer per workdir) before anything is written.
   """
   wall0 = time.perf_counter()
+  # A log backend whose package is missing fails before anything is written.
+  log_backends.check_backends((config_record or {}).get('log'))
   mesh = mesh if mesh is not None else make_mesh(cfg.mesh_shape)
   is_main = jax.process_index() == 0
   built = built or build_state(task, cfg, mesh)
@@ -347,7 +350,9 @@ def _fit(task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore):
       it_state = data_state or None
     if it_state:
       iterator.set_state(it_state)
-  writer = metrics_lib.MetricsWriter(workdir, enabled=is_main)
+  writer = metrics_lib.MetricsWriter(
+    workdir, enabled=is_main, config=config_record
+  )
   if is_main:
     writer.drop_after(start)
   step_fn = _step_fn(task, cfg, tx, shardings, mesh)
@@ -407,6 +412,7 @@ def _fit(task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore):
       if step == start + 1:  # Exclude compilation from the throughput.
         jax.block_until_ready(state)
         t_mark, timed_from = time.perf_counter(), step
+        progress.compiled(step)  # ... and from the rate and ETA shown.
       last = step == stop_at
       is_log = step % cfg.log_every == 0 or last
       is_eval = task.evaluate is not None and (

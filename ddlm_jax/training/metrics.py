@@ -1,4 +1,10 @@
-"""Run records: JSON-lines metrics, optional TensorBoard, progress lines."""
+"""Run records: JSON-lines metrics (plus the configured log backends),
+progress lines.
+
+Records go to local paths or to any `etils.epath` URI (``gs://bucket/run``):
+remote files are written whole (object stores have no append), local ones
+as before.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,50 @@ import sys
 import time
 
 import numpy as np
+
+
+def is_remote(path) -> bool:
+  """Whether `path` is a URI (gs://, s3://, ...) rather than a local path."""
+  text = str(path)
+  return '://' in text and not text.startswith('file://')
+
+
+def join(workdir, *names) -> str:
+  """workdir/name for local paths and URIs alike (no OS separators)."""
+  text = str(workdir)
+  if not is_remote(text):
+    return os.path.join(text, *names)
+  return '/'.join([text.rstrip('/'), *names])
+
+
+def _epath(path):
+  from etils import epath
+
+  return epath.Path(path)
+
+
+def exists(path) -> bool:
+  return _epath(path).exists() if is_remote(path) else os.path.exists(path)
+
+
+def read_text(path) -> str:
+  if is_remote(path):
+    return _epath(path).read_text()
+  with open(path) as f:
+    return f.read()
+
+
+def write_text(path, text: str) -> None:
+  """Writes a whole file: atomically on local disks (tmp + rename); an
+  object store's single write is atomic already."""
+  if is_remote(path):
+    target = _epath(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return
+  with open(path + '.tmp', 'w') as f:
+    f.write(text)
+  os.replace(path + '.tmp', path)
 
 
 def _plain(value):
@@ -25,32 +75,52 @@ def _plain(value):
 class MetricsWriter:
   """Appends {'step', 'split', ...} records to workdir/metrics.jsonl.
 
-  Writes TensorBoard events too when `tensorboardX` is importable.
+  The numbers of each record also go to the backends of the run's
+  `log.backends` (TensorBoard, W&B: ddlm_jax.training.log_backends) when
+  `config` (the run's config dict) names any; metrics.jsonl stays the
+  record of truth.
   """
 
-  def __init__(self, workdir: str, *, enabled: bool = True):
-    self.path = os.path.join(workdir, 'metrics.jsonl')
+  def __init__(
+    self, workdir: str, *, enabled: bool = True, config: dict | None = None
+  ):
+    self.path = join(workdir, 'metrics.jsonl')
     self.enabled = enabled
-    self._tb = None
-    if enabled:
-      try:
-        from tensorboardX import SummaryWriter  # optional dependency
+    self._remote = is_remote(workdir)
+    self._records = None  # Remote: the file's records, rewritten whole.
+    self._backends = []
+    if enabled and config:
+      from ddlm_jax.training import log_backends
 
-        self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      except ImportError:
-        self._tb = None
+      self._backends = log_backends.make_writers(workdir, config)
 
   def write(self, step: int, split: str, metrics: dict):
     if not self.enabled:
       return
     record = {'step': int(step), 'split': split}
     record.update({k: _plain(v) for k, v in metrics.items()})
-    with open(self.path, 'a') as f:
-      f.write(json.dumps(record) + '\n')
-    if self._tb is not None:
-      for k, v in record.items():
-        if k not in ('step', 'split') and isinstance(v, (int, float)):
-          self._tb.add_scalar(f'{split}/{k}', v, step)
+    if self._remote:
+      if self._records is None:
+        self._records = (
+          _parse(read_text(self.path)) if exists(self.path) else []
+        )
+      self._records.append(record)
+      write_text(
+        self.path, ''.join(json.dumps(r) + '\n' for r in self._records)
+      )
+    else:
+      with open(self.path, 'a') as f:
+        f.write(json.dumps(record) + '\n')
+    if self._backends:
+      scalars = {
+        k: float(v)
+        for k, v in record.items()
+        if k not in ('step', 'split')
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+      }
+      for backend in self._backends:
+        backend.write(int(step), split, scalars)
 
   def drop_after(self, step: int):
     """Forgets records a resumed run will write again (no duplicates).
@@ -59,40 +129,38 @@ class MetricsWriter:
     everything earlier; final records (test, final validation) at or past
     it are dropped, as the run recomputes them.
     """
-    if not self.enabled or not os.path.exists(self.path):
+    if not self.enabled or not exists(self.path):
       return
-    with open(self.path) as f:
-      records = [json.loads(line) for line in f if line.strip()]
+    records = _parse(read_text(self.path))
     keep = [
       r
       for r in records
       if r['step'] < step
       or (r['step'] == step and r['split'] in ('train', 'validation'))
     ]
+    self._records = keep if self._remote else None
     if len(keep) == len(records):
       return
-    with open(self.path + '.tmp', 'w') as f:
-      f.writelines(json.dumps(r) + '\n' for r in keep)
-    os.replace(self.path + '.tmp', self.path)
+    write_text(self.path, ''.join(json.dumps(r) + '\n' for r in keep))
 
   def close(self):
-    if self._tb is not None:
-      self._tb.close()
+    for backend in self._backends:
+      backend.close()
+    self._backends = []
 
 
 def write_json(path: str, obj) -> None:
   """Writes obj as JSON atomically (a reader never sees half a file)."""
-  with open(path + '.tmp', 'w') as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(path + '.tmp', path)
+  write_text(path, json.dumps(obj, indent=2, sort_keys=True))
+
+
+def _parse(text: str) -> list[dict]:
+  return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  path = join(workdir, 'metrics.jsonl')
+  return _parse(read_text(path)) if exists(path) else []
 
 
 def format_duration(seconds: float) -> str:
@@ -116,8 +184,25 @@ class Progress:
     self.steps_per_sec = float('nan')
 
   def start(self, step: int):
+    """Starts the clock before the first step (which compiles)."""
     self._last_step = step
     self._last_t = time.perf_counter()
+    print(
+      f'compiling the train step (from step {step}/{self.total})...',
+      file=self.stream,
+      flush=True,
+    )
+
+  def compiled(self, step: int):
+    """The first step is done: reports its time and restarts the clock, so
+    rates and ETAs from the first report on measure training alone."""
+    now = time.perf_counter()
+    print(
+      f'compiled and ran the first step in {now - self._last_t:.1f}s',
+      file=self.stream,
+      flush=True,
+    )
+    self._last_step, self._last_t = step, now
 
   def report(self, step: int, metrics: dict, extra: str = '') -> dict:
     now = time.perf_counter()

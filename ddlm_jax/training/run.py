@@ -20,10 +20,14 @@ import numpy as np
 
 from ddlm_jax.evaluation import cost
 from ddlm_jax.evaluation.likelihood import evaluate_likelihood
-from ddlm_jax.evaluation.sample_run import check_time_free, sample_and_score
+from ddlm_jax.evaluation.sample_run import (
+  check_time_free,
+  sample_and_score,
+)
+from ddlm_jax.evaluation.sample_run import write_samples as write_sample_files
 from ddlm_jax.parallel import make_mesh
 from ddlm_jax.sampling.registry import sampler_from_config
-from ddlm_jax.training import builders, fit, steps, warm_start
+from ddlm_jax.training import builders, fit, progress, steps, warm_start
 from ddlm_jax.training.checkpoint import Checkpointer, no_checkpoint
 from ddlm_jax.training.config import (
   RENAMED_KEYS,  # noqa: F401  (re-exported: run.RENAMED_KEYS)
@@ -36,7 +40,6 @@ from ddlm_jax.training.config import (
   trainer_config,
   warmup_steps,
 )
-from ddlm_jax.training.metrics import write_json
 from ddlm_jax.training.state import (
   count_params,
   eval_params,
@@ -363,7 +366,7 @@ class Run:
       params,
       self.graphdef,
       self.process,
-      batches,
+      progress.batches(batches, f'evaluating {split}'),
       key=jax.random.key(seed),
       time_samples=time_samples,
     )
@@ -395,16 +398,16 @@ class Run:
     )
 
   def write_samples(self, texts, stats):
-    """samples.txt and the metrics JSON sample_stats.json in the workdir.
+    """The samples and their metrics JSON in new files of the workdir.
 
+    samples.txt / sample_stats.json, then samples_2.txt, ... or
+    samples_NAME.txt for config.sample.name (sample_run.write_samples).
     Process 0 writes; every process holds the same gathered samples.
     """
     if jax.process_index() != 0:
-      return
-    with open(os.path.join(self.workdir, 'samples.txt'), 'w') as f:
-      for i, text in enumerate(texts):
-        f.write(f'=== sample {i} ===\n{text}\n\n')
-    write_json(os.path.join(self.workdir, 'sample_stats.json'), stats)
+      return None
+    name = self.config.sample.get('name', '')
+    return write_sample_files(self.workdir, texts, stats, name)
 
 
 def load_config(workdir: str, overrides: dict | None = None):

@@ -160,6 +160,16 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 is filled.
+
+  # Metric loggers besides metrics.jsonl (always written): comma-separated
+  # 'jsonl' | 'tensorboard' | 'wandb' (extras of the same names);
+  # ddlm_jax.training.log_backends.
+  c.log = ml_collections.ConfigDict()
+  c.log.backends = 'jsonl'
+  c.log.wandb_project = 'ddlm_jax'
+  c.log.wandb_entity = ''  # '' = the account's default entity.
+  # 'auto': online with an API key and network, else offline (wandb sync).
+  c.log.wandb_mode = 'auto'
   return c
 
 

@@ -1,0 +1,490 @@
+"""The Python API: load a run by its workdir, score text, generate, infill.
+
+    import ddlm_jax
+    model = ddlm_jax.load('runs/quickstart')
+    print(model.generate(2, sampler='ancestral', steps=64))
+
+`load` reads the run's config.json and tokenizer and restores only the
+evaluation parameters (the EMA when the run kept one and evaluates with
+it, else the raw ones) from the newest checkpoint: no optimizer state, no
+training data, no train state is built. Everything else is the machinery
+`python -m experiments.run` uses: the config's process and network
+(`training.builders`), the likelihood of `--mode=eval`
+(`evaluation.likelihood.sequence_nll`), and the samplers and measured
+sampling of `--mode=sample` (`sampling.registry`,
+`evaluation.sample_run.draw_samples`).
+
+Text in, text out: `score` returns one bound per text, `generate` and
+`infill` return strings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from ddlm_jax.data import source_registry, sources
+from ddlm_jax.data import tokenizers as tok_lib
+from ddlm_jax.evaluation import cost
+from ddlm_jax.evaluation.likelihood import sequence_nll
+from ddlm_jax.evaluation.sample_run import check_time_free, draw_samples
+from ddlm_jax.sampling.common import generate_id
+from ddlm_jax.sampling.registry import sampler_from_config
+from ddlm_jax.training import builders, steps
+from ddlm_jax.training.config import ConfigError
+from ddlm_jax.training.state import count_params, split_model
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+  """The bound of one text: NELBO (diffusion) or exact NLL (AR).
+
+  `nats_per_token_stderr` is the Monte-Carlo standard error over the
+  `samples` draws of (t, z_t) (0 for AR runs, whose NLL is exact).
+  `num_tokens` counts the text's tokens plus the BOS/EOS of each row for
+  runs whose rows were framed with them (data.wrap), as in training.
+  """
+
+  text: str
+  num_tokens: int
+  nats_per_token: float
+  nats_per_token_stderr: float
+  samples: int
+
+  @property
+  def bits_per_token(self) -> float:
+    return self.nats_per_token / math.log(2.0)
+
+  @property
+  def bits_per_token_stderr(self) -> float:
+    return self.nats_per_token_stderr / math.log(2.0)
+
+  @property
+  def perplexity_bound(self) -> float:
+    return math.exp(self.nats_per_token)
+
+
+def _latest_step(ckpt_dir: str) -> int:
+  steps_found = []
+  if os.path.isdir(ckpt_dir):
+    for name in os.listdir(ckpt_dir):
+      done = os.path.join(ckpt_dir, name, 'commit_success.txt')
+      if name.isdigit() and os.path.exists(done):
+        steps_found.append(int(name))
+  if not steps_found:
+    raise FileNotFoundError(
+      f'{ckpt_dir} holds no finished checkpoint: train the run first '
+      '(python -m experiments.run --config=... --workdir=...).'
+    )
+  return max(steps_found)
+
+
+@contextlib.contextmanager
+def _quiet(name: str):
+  """Raises a logger's level to ERROR for the block."""
+  logger = logging.getLogger(name)
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+def _has_leaves(tree) -> bool:
+  return isinstance(tree, dict) and bool(jax.tree.leaves(tree))
+
+
+def restore_params(workdir: str, abstract_params, *, use_ema: bool):
+  """(params, step, which) from the newest checkpoint, params subtree only.
+
+  Only the 'ema_params' (when `use_ema` and the run kept an EMA) or the
+  'params' subtree of the saved train state is read (orbax partial
+  restore), onto the first local device; the optimizer state stays on disk.
+  """
+  import orbax.checkpoint as ocp
+
+  ckpt_dir = os.path.join(os.path.abspath(workdir), 'checkpoints')
+  step = _latest_step(ckpt_dir)
+  path = os.path.join(ckpt_dir, str(step), 'state')
+  checkpointer = ocp.PyTreeCheckpointer()
+  with _quiet('absl'):  # Orbax warns of a metadata file runs never write.
+    meta = checkpointer.metadata(path)
+  tree = getattr(meta, 'item_metadata', meta)
+  tree = getattr(tree, 'tree', tree)
+  which = 'params'
+  if use_ema and _has_leaves(tree.get('ema_params')):
+    which = 'ema_params'
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+    abstract_params,
+  )
+  item = {which: target}
+  with _quiet('absl'):
+    restored = checkpointer.restore(
+      path,
+      args=ocp.args.PyTreeRestore(
+        item=item,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+        partial_restore=True,
+      ),
+    )
+  return restored[which], step, which
+
+
+def _as_list(texts) -> list[str]:
+  if isinstance(texts, str):
+    return [texts]
+  texts = list(texts)
+  bad = [t for t in texts if not isinstance(t, str)]
+  if bad:
+    raise TypeError(f'expected strings, got {type(bad[0]).__name__}.')
+  return texts
+
+
+class Model:
+  """A trained run's network, process and tokenizer, ready for text.
+
+  Built by `load(workdir)`. Attributes mirror the CLI's `Run` where the
+  sampling code reads them (config, process, graphdef, model_config,
+  eos_id), so the same functions serve both.
+  """
+
+  def __init__(self, workdir, config, tokenizer, process, graphdef, params):
+    self.workdir = workdir
+    self.config = config
+    self.tokenizer = tokenizer
+    self.process = process
+    self.model_config = builders.model_config(config.model, process)
+    self.graphdef = graphdef
+    self.params = params
+    self.step = 0  # Set by load: the checkpoint step.
+    self.params_kind = 'params'  # Or 'ema_params'.
+    specials = getattr(tokenizer, 'special_ids', None)
+    self.eos_id = None if specials is None else specials.eos
+    self.num_params = count_params(params)
+    self.last_stats: dict = {}  # Measurements of the last generate/infill.
+
+  def __repr__(self) -> str:
+    return (
+      f'Model({self.workdir!r}: {self.config.process.kind}, '
+      f'{self.num_params / 1e6:.2f}M params, step {self.step}, '
+      f'seq_len {self.seq_len})'
+    )
+
+  @property
+  def seq_len(self) -> int:
+    return int(self.config.data.seq_len)
+
+  # The duck type of training.run.Run that draw_samples reads.
+  def eval_params(self):
+    return self.params
+
+  def forward_flops(self, batch: int, length: int) -> float:
+    if self.config.model.get('backbone', 'transformer') == 'transformer':
+      return cost.transformer_flops(self.model_config, batch, length)
+    model = steps.make_apply(self.graphdef, self.params)
+    return cost.xla_flops(lambda z, t: model(z, t), batch, length)
+
+  # ---------------------------------------------------------------- score
+
+  def _framing(self):
+    """(bos, eos, pad) ids the run's training rows were framed with."""
+    specials = getattr(self.tokenizer, 'special_ids', None)
+    if self.config.data.corpus not in source_registry.CORPORA or not specials:
+      return None, None, 0
+    bos, eos = sources.framing_ids(
+      self.config.data.get('wrap', 'bos_eos'), specials, 'run'
+    )
+    pad = next((i for i in (specials.pad, eos) if i is not None), 0)
+    return bos, eos, pad
+
+  def _rows(self, ids: np.ndarray):
+    """Rows [R, L] and loss masks of one text, framed as in training."""
+    bos, eos, pad = self._framing()
+    width = self.seq_len - (bos is not None) - (eos is not None)
+    if width < 1:
+      raise ConfigError(f'data.seq_len={self.seq_len} leaves no content.')
+    rows, masks = [], []
+    for start in range(0, max(len(ids), 1), width):
+      piece = list(ids[start : start + width])
+      row = ([bos] if bos is not None else []) + piece
+      row += [eos] if eos is not None else []
+      mask = [1.0] * len(row) + [0.0] * (self.seq_len - len(row))
+      rows.append(row + [pad] * (self.seq_len - len(row)))
+      masks.append(mask)
+    return np.asarray(rows, np.int32), np.asarray(masks, np.float32)
+
+  def score(
+    self,
+    texts: str | Sequence[str],
+    *,
+    samples: int | None = None,
+    seed: int = 0,
+    batch_size: int | None = None,
+  ) -> list[Score]:
+    """The bound of each text, with its Monte-Carlo standard error.
+
+    A text longer than one row (data.seq_len, framed as the run was
+    trained) is cut into rows whose bounds add up; a shorter last row is
+    padded and its padding excluded from the loss.
+
+    Args:
+      texts: a string or a list of strings.
+      samples: draws of (t, z_t) per text (default: the run's
+        eval.final_time_samples, at least 2 for a standard error); 1 for AR.
+      batch_size: rows per network call (default: eval.batch_size).
+    """
+    texts = _as_list(texts)
+    process = getattr(self.process, 'evaluation_process', self.process)
+    draws = (
+      1
+      if process.causal
+      else int(samples or max(2, self.config.eval.final_time_samples))
+    )
+    if draws < 1:
+      raise ValueError(f'samples={samples}: need at least 1 draw.')
+    batch = int(batch_size or self.config.eval.batch_size)
+    per_text = [self._rows(self.tokenizer.encode(t)) for t in texts]
+    owner = np.concatenate(
+      [np.full(len(r), i) for i, (r, _) in enumerate(per_text)]
+    )
+    rows = np.concatenate([r for r, _ in per_text])
+    masks = np.concatenate([m for _, m in per_text])
+    nll_DxR = np.zeros((draws, len(rows)), np.float64)
+    key = jax.random.key(seed)
+    for start in range(0, len(rows), batch):
+      x = rows[start : start + batch]
+      m = masks[start : start + batch]
+      n = len(x)
+      if n < batch:  # One compiled shape: pad with copies, drop them.
+        x = np.concatenate([x, np.repeat(x[:1], batch - n, 0)])
+        m = np.concatenate([m, np.repeat(m[:1], batch - n, 0)])
+      for d in range(draws):
+        nll = sequence_nll(
+          self.params,
+          jax.random.fold_in(jax.random.fold_in(key, d), start),
+          x,
+          m,
+          graphdef=self.graphdef,
+          process=process,
+          samples=1,
+        )
+        nll_DxR[d, start : start + n] = np.asarray(nll, np.float64)[:n]
+    tokens_R = masks.sum(-1)
+    out = []
+    for i, text in enumerate(texts):
+      sel = owner == i
+      total_D = nll_DxR[:, sel].sum(-1)
+      tokens = int(tokens_R[sel].sum())
+      stderr = (
+        float(total_D.std(ddof=1) / math.sqrt(draws)) if draws > 1 else 0.0
+      )
+      out.append(
+        Score(
+          text=text,
+          num_tokens=tokens,
+          nats_per_token=float(total_D.mean() / tokens),
+          nats_per_token_stderr=stderr / tokens,
+          samples=draws,
+        )
+      )
+    return out
+
+  # ------------------------------------------------------------- generate
+
+  def _sample_config(self, sampler, steps, overrides):
+    cfg = copy.deepcopy(self.config)
+    with cfg.sample.unlocked():
+      if sampler is not None:
+        cfg.sample.sampler = sampler
+      if steps is not None:
+        cfg.sample.steps = int(steps)
+      for key, value in overrides.items():
+        if key not in cfg.sample:
+          raise ConfigError(
+            f'generate(): unknown option {key!r}; sample options are '
+            f'{sorted(cfg.sample.keys())}.'
+          )
+        cfg.sample[key] = value
+    return cfg
+
+  def _sampler(self, cfg):
+    if self.process.causal:
+      return None
+    try:
+      built = sampler_from_config(cfg.sample, eos_id=self.eos_id)
+      built.check_applies(self.process)
+      check_time_free(built, cfg.model.get('time_conditioning', False))
+    except (TypeError, ValueError) as err:
+      raise ConfigError(f'sampler: {err}') from None
+    return built
+
+  def _draw(self, cfg, sampler, num, seed, prompt_BxL=None):
+    view = copy.copy(self)
+    view.config = cfg
+    tokens, stats = draw_samples(
+      view, sampler, num_samples=num, seed=seed, prompt_BxL=prompt_BxL
+    )
+    self.last_stats = stats
+    return tokens
+
+  def _prompt_rows(self, pieces_per_row) -> np.ndarray:
+    """Rows [B, L]: given token ids kept, None entries to be generated."""
+    fill = generate_id(self.process)
+    rows = []
+    for pieces in pieces_per_row:
+      row = np.full(self.seq_len, fill, np.int32)
+      pos = 0
+      for piece in pieces:
+        if isinstance(piece, int):
+          pos += piece
+          continue
+        ids = np.asarray(self.tokenizer.encode(piece), np.int32)
+        if pos + len(ids) > self.seq_len:
+          raise ValueError(
+            f'the text and blanks need more than data.seq_len='
+            f'{self.seq_len} tokens; shorten them.'
+          )
+        row[pos : pos + len(ids)] = ids
+        pos += len(ids)
+      if pos > self.seq_len:
+        raise ValueError(
+          f'the text and blanks need {pos} tokens, more than '
+          f'data.seq_len={self.seq_len}; shorten them.'
+        )
+      rows.append(row)
+    return np.stack(rows)
+
+  def generate(
+    self,
+    n_or_prompts: int | str | Sequence[str] = 1,
+    *,
+    sampler: str | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+    **sample_options,
+  ) -> list[str]:
+    """Texts of one row (data.seq_len tokens) each.
+
+    Args:
+      n_or_prompts: how many unconditional samples, or prompt strings
+        (each row starts with its prompt; the text returned includes it).
+      sampler: a sampler name or spec, e.g. 'ancestral' or
+        'remdm:eta=0.02' (default: the run's sample.sampler).
+      steps: sampling steps (default: the run's sample.steps).
+      **sample_options: other keys of the run's `sample` block, e.g.
+        temperature=0.8, top_p=0.9.
+    """
+    cfg = self._sample_config(sampler, steps, sample_options)
+    built = self._sampler(cfg)
+    if isinstance(n_or_prompts, int) and not isinstance(n_or_prompts, bool):
+      if n_or_prompts < 1:
+        raise ValueError(f'generate({n_or_prompts}): ask for 1 or more.')
+      tokens = self._draw(cfg, built, n_or_prompts, seed)
+    else:
+      prompts = _as_list(n_or_prompts)
+      if self.process.causal:
+        raise ValueError(
+          'prompts need a diffusion run: the AR sampler here draws whole '
+          'rows; call generate(n) for unconditional samples.'
+        )
+      rows = self._prompt_rows([[p] for p in prompts])
+      tokens = self._draw(cfg, built, len(prompts), seed, rows)
+    return [self.tokenizer.decode(row) for row in tokens]
+
+  def infill(
+    self,
+    templates: Sequence[str | int] | Sequence[Sequence[str | int]],
+    *,
+    sampler: str | None = None,
+    steps: int | None = None,
+    seed: int = 0,
+    **sample_options,
+  ) -> list[str]:
+    """Fills the blanks of templates; returns each filled span of text.
+
+    A template is a list of strings (kept) and ints (that many tokens to
+    generate), e.g. ['To be, or ', 12, ' that is the question']. Positions
+    after the template are generated too (the network sees a full row),
+    but only the template's span is returned.
+
+    Args:
+      templates: one template, or a list of them (one text each).
+    """
+    if templates and isinstance(templates[0], (str, int)):
+      templates = [templates]
+    if not templates:
+      raise ValueError('infill(): give at least one template.')
+    if self.process.causal:
+      raise ValueError('infill needs a diffusion run; this run is AR.')
+    for t in templates:
+      if not any(isinstance(p, int) and p > 0 for p in t):
+        raise ValueError(
+          f'template {list(t)!r} has no blank: put an int (tokens to fill) '
+          'between its strings.'
+        )
+    cfg = self._sample_config(sampler, steps, sample_options)
+    built = self._sampler(cfg)
+    rows = self._prompt_rows(templates)
+    tokens = self._draw(cfg, built, len(templates), seed, rows)
+    spans = [
+      sum(p if isinstance(p, int) else len(self.tokenizer.encode(p)) for p in t)
+      for t in templates
+    ]
+    return [
+      self.tokenizer.decode(row[:span]) for row, span in zip(tokens, spans)
+    ]
+
+
+def load(workdir: str, *, use_ema: bool | None = None) -> Model:
+  """The run saved in `workdir`, parameters only, ready for text.
+
+  Args:
+    workdir: a run directory (config.json, tokenizer/, checkpoints/).
+    use_ema: evaluate with the EMA parameters (default: the run's
+      eval.use_ema); ignored when the run kept no EMA.
+  """
+  from ddlm_jax.training.run import load_config
+
+  workdir = os.fspath(workdir)
+  config = load_config(workdir)
+  kind = config.get('kind', 'lm')
+  if kind != 'lm':
+    raise ConfigError(
+      f'{workdir} is a {kind!r} run; ddlm_jax.load reads language-model '
+      'runs (evaluate this one with python -m experiments.run --mode=eval).'
+    )
+  tok_dir = os.path.join(workdir, 'tokenizer')
+  if not os.path.isdir(tok_dir):
+    raise FileNotFoundError(
+      f'{tok_dir} not found: {workdir} is not a complete run directory.'
+    )
+  tokenizer = tok_lib.load_tokenizer(tok_dir)
+  soft_mask = config.get('soft_mask')
+  process = builders.build_process(
+    config.process, tokenizer.vocab_size, soft_mask
+  )
+  graphdef, abstract = split_model(
+    builders.model_builder(config.model, process, soft_mask)
+  )
+  ema = bool(config.eval.use_ema) if use_ema is None else bool(use_ema)
+  params, step, which = restore_params(
+    workdir, nnx.to_pure_dict(abstract), use_ema=ema
+  )
+  model = Model(workdir, config, tokenizer, process, graphdef, params)
+  model.step, model.params_kind = step, which
+  return model
+
+
+__all__ = ['Model', 'Score', 'load', 'restore_params']
