@@ -246,7 +246,7 @@ class Model:
       batch_size: rows per network call (default: eval.batch_size).
     """
     texts = _as_list(texts)
-    process = getattr(self.process, 'evaluation_process', self.process)
+    process = self.process.evaluation_process
     draws = (
       1
       if process.causal
@@ -472,8 +472,8 @@ def load(workdir: str, *, use_ema: bool | None = None) -> Model:
     )
   tokenizer = tok_lib.load_tokenizer(tok_dir)
   soft_mask = config.get('soft_mask')
-  process = builders.build_process(
-    config.process, tokenizer.vocab_size, soft_mask
+  process = builders.make_process(
+    builders.process_settings(config.process), tokenizer.vocab_size, soft_mask
   )
   graphdef, abstract = split_model(
     builders.model_builder(config.model, process, soft_mask)

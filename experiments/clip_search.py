@@ -54,8 +54,8 @@ def main():
   args = p.parse_args()
   clips = parse_clips(args.clips)
   run = load_run(args.workdir)
-  process = getattr(run.process, 'evaluation_process', run.process)
-  if getattr(process, 'family', '') != 'block':
+  process = run.process.evaluation_process
+  if process.family != 'block':
     raise SystemExit(
       f'error: {args.workdir} is a {run.config.process.kind} run; the clip '
       'search is for block diffusion (process.kind=bd3).'
