@@ -1,0 +1,97 @@
+"""The frontier command: its pure pieces, the sampler grid, and a smoke run
+on the quickstart smoke model."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from experiments import frontier
+from experiments.configs import quickstart
+
+
+def test_matched_value_interpolates_in_entropy_and_reports_the_gap():
+  # Entropies out of order (a temperature sweep), values follow them.
+  value, gap = frontier.matched_value([3.0, 2.0, 4.0], [5.0, 4.0, 7.0], 3.5)
+  assert value == pytest.approx(6.0) and gap == 0.0
+  value, gap = frontier.matched_value([3.0, 2.0], [5.0, 4.0], 1.5)
+  assert value == 4.0 and gap == pytest.approx(0.5)
+  value, gap = frontier.matched_value([3.0], [5.0], 3.25)
+  assert value == 5.0 and gap == pytest.approx(0.25)
+  with pytest.raises(ValueError, match='at least one point'):
+    frontier.matched_value([], [], 1.0)
+
+
+def test_curve_area_is_the_trapezoid_over_log_parallelism():
+  area, mean = frontier.curve_area([2.0, 0.0, 1.0], [4.0, 2.0, 2.0])
+  # Sorted: (0, 2), (1, 2), (2, 4): 2 + 3 = 5 over a width of 2.
+  assert area == pytest.approx(5.0) and mean == pytest.approx(2.5)
+  assert frontier.curve_area([0.0], [3.0]) == (0.0, 3.0)
+
+
+def test_knob_grid_covers_each_samplers_natural_knob():
+  grid = frontier.knob_grid('threshold', 32)
+  assert [p['threshold'] for _, _, p in grid] == list(frontier.THRESHOLDS)
+  steps = [p['num_steps'] for _, _, p in frontier.knob_grid('ancestral', 32)]
+  assert steps == [4, 8, 16, 32]
+  cache = frontier.knob_grid('approx_cache', 32)
+  curves = {c for c, _, _ in cache}
+  assert curves == {'approx_cache dual', 'approx_cache prefix'}
+  assert frontier.knob_grid('approx_cache', 32, cache_ok=False) == []
+  assert frontier.knob_grid('scheduled', 32) == []
+  assert frontier.knob_grid('first_hitting', 32) == [('first_hitting', '', {})]
+  assert frontier._spread([1, 2, 3, 4, 5], 2) == [1, 5]
+
+
+@pytest.mark.slow
+def test_frontier_smoke_run_writes_table_plot_and_meter(
+  smoke_mdlm_run, tmp_path
+):
+  workdir, _ = smoke_mdlm_run
+  config = quickstart.get_config('smoke')
+  opts = frontier.Options(
+    samplers='confidence;threshold;approx_cache;scheduled',
+    temperatures=(0.9, 1.0),
+    points=2,
+    num_samples=2,
+    out=str(tmp_path / 'out'),
+  )
+  result = frontier.frontier(config, workdir, opts)
+  files = sorted(os.listdir(tmp_path / 'out'))
+  assert files == ['frontier.json', 'frontier.md', 'frontier.png']
+  saved = json.loads((tmp_path / 'out' / 'frontier.json').read_text())
+  assert len(saved['rows']) == len(result['rows'])
+  curves = {r['curve'] for r in result['rows']}
+  assert curves == {
+    'confidence', 'threshold', 'approx_cache dual', 'approx_cache prefix'
+  }  # fmt: skip
+  assert [s['name'] for s in result['skipped']] == ['scheduled']
+  length = config.data.seq_len
+  for row in result['rows']:
+    assert 1 <= row['nfe'] <= length
+    assert row['tokens_per_call'] == pytest.approx(length / row['nfe'])
+    assert row['tokens_per_sec'] > 0 and row['entropy'] > 0
+    assert set(row['by_temperature']) == {'0.9', '1.0'}
+    assert 'gen_nll_matched' not in row  # no scorer in the smoke config
+    if row['name'] == 'approx_cache':
+      kind = 'exact' if row['knob_value'] == 1 else 'approximate'
+      assert row['meter']['cache_kind'] == kind
+      if kind == 'exact':
+        assert row['meter']['kl_max'] == 0.0
+  threshold_one = [
+    r for r in result['rows'] if r['curve'] == 'threshold'
+    and r['knob_value'] == 1.0
+  ]  # fmt: skip
+  assert threshold_one and threshold_one[0]['nfe'] == length
+  for curve in result['curves'].values():
+    lo, hi = curve['log2_tokens_per_call']
+    assert 0 <= lo <= hi <= math.log2(length) and 'auc' not in curve
+  table = (tmp_path / 'out' / 'frontier.md').read_text()
+  assert 'approx_cache dual refresh=' in table and '(approximate)' in table
+  # A config that does not describe the run is refused before sampling.
+  config.data.seq_len = 64
+  with pytest.raises(ValueError, match='data.seq_len=64'):
+    frontier.frontier(config, workdir, opts)
+  assert np.isfinite(saved['target_entropy'])
