@@ -137,11 +137,14 @@ def knob_grid(name: str, length: int, *, block_size: int = 0, cache_ok=True):
   if name == 'approx_cache':
     if not cache_ok:
       return []
+    # Fast-dLLM's 32-token blocks, at least 4 blocks on short sequences.
+    size = max(1, min(32, length // 4))
     return [
-      (f'{name} {cache}', 'refresh', {'cache': cache, 'refresh': r})
+      (f'{name} {cache}', 'refresh',
+       {'cache': cache, 'refresh': r, 'block_length': size})
       for cache in ('dual', 'prefix')
       for r in REFRESH
-    ]
+    ]  # fmt: skip
   if name == 'semi_ar':
     blocks = -(-length // 32)
     return [
@@ -264,7 +267,7 @@ def _metered(run, sampler, num_samples: int, seed: int) -> dict:
       model, k, run.process, batch=num_samples, length=length
     )
   )(jax.random.key(seed))
-  return out.meter.summary(sampler.kind)
+  return out.meter.summary(sampler.kind_for(length))
 
 
 def _measure(run, point, temperature, opts, scorer, same) -> dict:
@@ -523,7 +526,7 @@ def _ints(text: str) -> tuple:
 
 
 def main(argv=None):
-  from absl import app, flags
+  from absl import app, flags, logging
   from ml_collections import config_flags
 
   from experiments.flag_errors import parse_flags
@@ -543,6 +546,8 @@ def main(argv=None):
   flags.mark_flags_as_required(['config', 'workdir'])
 
   def run_main(_):
+    if not flags.FLAGS['verbosity'].present:
+      logging.set_verbosity(logging.WARNING)  # orbax logs restores at INFO.
     opts = Options(
       scorer=scorer.value,
       samplers=samplers.value,

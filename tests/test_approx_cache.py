@@ -176,6 +176,9 @@ def test_registry_and_bad_input():
   sampler = get_sampler('approx_cache', cache='prefix', refresh=4)
   assert sampler.kind == 'approximate'
   assert get_sampler('approx_cache', cache='none').kind == 'exact'
+  assert (
+    sampler.kind_for(32) == 'exact' and sampler.kind_for(33) == sampler.kind
+  )
   with pytest.raises(ValueError, match="cache='kv'"):
     ApproxCacheSampler(cache='kv')
   with pytest.raises(ValueError, match='refresh must be an integer'):

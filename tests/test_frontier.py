@@ -76,10 +76,13 @@ def test_frontier_smoke_run_writes_table_plot_and_meter(
     assert set(row['by_temperature']) == {'0.9', '1.0'}
     assert 'gen_nll_matched' not in row  # no scorer in the smoke config
     if row['name'] == 'approx_cache':
+      assert row['params']['block_length'] == length // 4
       kind = 'exact' if row['knob_value'] == 1 else 'approximate'
       assert row['meter']['cache_kind'] == kind
       if kind == 'exact':
         assert row['meter']['kl_max'] == 0.0
+      else:
+        assert row['meter']['meter_calls'] > 0
   threshold_one = [
     r for r in result['rows'] if r['curve'] == 'threshold'
     and r['knob_value'] == 1.0

@@ -184,6 +184,11 @@ class ApproxCacheSampler(Sampler):
     exact = self.cache == 'none' or self.refresh == 1
     return 'exact' if exact else 'approximate'
 
+  def kind_for(self, length: int) -> str:
+    """`kind` for sequences of `length`: one block is exact too (every
+    window call then covers the whole sequence)."""
+    return 'exact' if self.block_length >= length else self.kind
+
   def fill(self, apply, key, process, z_BxL, window_BxL):
     out = self.run(apply, key, process, z_BxL, window_BxL)
     return out.tokens_BxL, out.nfe
