@@ -31,14 +31,14 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from ddlm_jax.sampling.base import require_float, require_int
+from ddlm_jax.sampling.base import Sampler, require_float, require_int
 from ddlm_jax.sampling.common import (
   init_feedback,
   predict,
   select_top,
+  time_for_masked_fraction,
 )
 from ddlm_jax.sampling.noise import gumbel
-from ddlm_jax.sampling.unmasking import _Unmasking
 
 
 def confidence(logp_BxLxV: jax.Array) -> jax.Array:
@@ -99,8 +99,14 @@ def check_rule(threshold, factor, min_tokens, max_tokens) -> None:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ThresholdSampler(_Unmasking):
+class ThresholdSampler(Sampler):
   """Reveals every masked position above a confidence threshold per call.
+
+  The loop is the one of the unmasking samplers (sampling.unmasking): one
+  network call per iteration at t = alpha^-1(1 - masked fraction), a
+  Gumbel-max draw (argmax when greedy) at every position, the reveal rule,
+  with the same key use, so threshold 1.0 draws the one-token confidence
+  sampler's tokens.
 
   Attributes:
     threshold: reveal positions with confidence > threshold (Fast-dLLM:
@@ -108,9 +114,11 @@ class ThresholdSampler(_Unmasking):
     factor: > 0 uses the factor rule instead of the threshold.
     min_tokens: the floor of reveals per call.
     max_tokens: the cap of reveals per call (0: none).
+    greedy: reveal each position's argmax token instead of a sample.
     editing_threshold: > 0 re-edits committed tokens whose new draw has
       probability above it (0: off).
-    edit_calls: extra calls allowed after the last mask, while they edit.
+    edit_calls: extra calls allowed after the last mask, while they change
+      something.
   """
 
   name: ClassVar[str] = 'threshold'
@@ -119,6 +127,7 @@ class ThresholdSampler(_Unmasking):
   factor: float = 0.0
   min_tokens: int = 1
   max_tokens: int = 0
+  greedy: bool = False
   editing_threshold: float = 0.0
   edit_calls: int = 4
 
@@ -127,6 +136,7 @@ class ThresholdSampler(_Unmasking):
     check_rule(self.threshold, self.factor, self.min_tokens, self.max_tokens)
     require_float('editing_threshold', self.editing_threshold, 0.0, 1.0)
     require_int('edit_calls', self.edit_calls, 0)
+    self._set(greedy=bool(self.greedy))
 
   @property
   def rule(self) -> dict:
@@ -137,49 +147,44 @@ class ThresholdSampler(_Unmasking):
       max_tokens=int(self.max_tokens),
     )
 
-  def _select(self, key, logp, masked, step, count0_B, process):
-    del key, step, count0_B, process
-    return parallel_reveal(confidence(logp), masked, **self.rule)
-
   def fill(self, apply, key, process, z_BxL, window_BxL):
-    if not self.editing_threshold:
-      return super().fill(apply, key, process, z_BxL, window_BxL)
-    return self._fill_editing(apply, key, process, z_BxL, window_BxL)
-
-  def _fill_editing(self, apply, key, process, z_BxL, window_BxL):
-    """The loop with re-editing: runs while masks remain, then while the
-    last call changed something, at most `edit_calls` calls after the last
-    mask (so at least one checking call when edit_calls > 0)."""
+    """Fills the window's masked positions; with editing, then re-edits
+    while calls change something, at most `edit_calls` calls after the
+    last mask (so at least one checking call when edit_calls > 0)."""
     apply = self._applies(apply)[0]
     mask_id = process.mask_id
     free = (z_BxL == mask_id) & window_BxL
+    editing = bool(self.editing_threshold)
 
     def cond(carry):
       z, _, _, changed, extra, _ = carry
       masks_left = jnp.any((z == mask_id) & free)
+      if not editing:
+        return masks_left
       return masks_left | (changed & (extra < self.edit_calls))
 
     def body(carry):
       z, key, nfe, _, extra, memory = carry
-      key, tok_key, t_key = jax.random.split(key, 3)
+      key, tok_key, _, _ = jax.random.split(key, 4)
       masked = (z == mask_id) & free
-      t_call, _ = self._times(process, z, None, masked, t_key)
-      logp, memory = predict(apply, z, t_call, memory, **self.filters)
+      t_B = time_for_masked_fraction(process.schedule, z, mask_id)
+      logp, memory = predict(apply, z, t_B, memory, **self.filters)
       if self.greedy:
         tokens = jnp.argmax(logp, axis=-1)
       else:
         tokens = jnp.argmax(logp + gumbel(tok_key, logp.shape), axis=-1)
       tokens = tokens.astype(jnp.int32)
-      conf = confidence(logp)
-      reveal = parallel_reveal(conf, masked, **self.rule)
-      p_tok = jnp.take_along_axis(jnp.exp(logp), tokens[..., None], -1)[..., 0]
-      committed = free & ~masked
-      edit = committed & (tokens != z) & (p_tok > self.editing_threshold)
+      change = parallel_reveal(confidence(logp), masked, **self.rule)
       masks_before = jnp.any(masked)
-      z = jnp.where(reveal | edit, tokens, z)
+      if editing:
+        probs = jnp.exp(logp)
+        p_tok = jnp.take_along_axis(probs, tokens[..., None], -1)[..., 0]
+        edit = (free & ~masked) & (tokens != z)
+        change = change | (edit & (p_tok > self.editing_threshold))
+      changed = jnp.any(change & (tokens != z))
+      z = jnp.where(change, tokens, z)
       extra = extra + (~masks_before).astype(jnp.int32)
-      # Any change (a reveal or an edit) earns one more call to check.
-      return z, key, nfe + 1, masks_before | jnp.any(edit), extra, memory
+      return z, key, nfe + 1, masks_before | changed, extra, memory
 
     memory = init_feedback([apply], z_BxL, process.vocab_size)
     init = (z_BxL, key, jnp.int32(0), jnp.bool_(False), jnp.int32(0), memory)
