@@ -7,7 +7,9 @@
     [--points=0] [--num_samples=16] [--seeds=0] [--out=DIR]
 
 WORKDIR is a trained run of --config (the command refuses a config whose
-process, model or sequence length differ from the run's). Every registered
+process, model or tokenizer differ from the run's); samples have --config's
+data.seq_len, which may differ from the training length (e.g.
+--config.data.seq_len=512 for a run trained at 256). Every registered
 sampler that applies to the run's process family (`samplers_for`) runs over
 its natural knob (`knob_grid`): the step count of the step samplers, gamma
 of 'eb', the threshold of 'threshold', the refresh period of
@@ -242,15 +244,29 @@ def _label(point) -> str:
 # ------------------------------------------------------------ the run --
 
 
-def check_config(config, run) -> None:
-  """ValueError when --config does not describe the run in --workdir."""
-  for key in ('data.seq_len', 'process.kind', 'model.width', 'model.depth'):
+CHECKED_KEYS = (
+  'process.kind',
+  'model.backbone',
+  'model.width',
+  'model.depth',
+  'data.tokenizer',
+)
+
+
+def check_config(config, saved, workdir: str) -> None:
+  """ValueError when --config does not describe the run in --workdir.
+
+  The sequence length may differ: the frontier samples at --config's
+  data.seq_len (e.g. 512 from a run trained at 256; rotary positions
+  extrapolate).
+  """
+  for key in CHECKED_KEYS:
     section, field = key.split('.')
     want = config[section].get(field)
-    have = run.config[section].get(field)
+    have = saved[section].get(field)
     if want != have:
       raise ValueError(
-        f'--config sets {key}={want!r} but the run in {run.workdir} has '
+        f'--config sets {key}={want!r} but the run in {workdir} has '
         f'{have!r}; pass the config the run was trained with.'
       )
 
@@ -305,7 +321,7 @@ def frontier(config, workdir: str, opts: Options) -> dict:
   """Runs the frontier; writes and returns {'rows', 'curves', ...}."""
   from ddlm_jax.evaluation.sample_metrics import ARScorer, sample_quality
   from ddlm_jax.evaluation.sample_run import reference_texts
-  from ddlm_jax.training.run import load_run
+  from ddlm_jax.training.run import load_config, load_run
 
   if not opts.temperatures or min(opts.temperatures) <= 0:
     raise ValueError(
@@ -317,8 +333,12 @@ def frontier(config, workdir: str, opts: Options) -> dict:
       f'--num_samples={opts.num_samples} must be >= 1, --points='
       f'{opts.points} >= 0 and --seeds non-empty.'
     )
-  run = load_run(workdir)
-  check_config(config, run)
+  saved = load_config(workdir)
+  check_config(config, saved, workdir)
+  length = int(config.data.seq_len)
+  trained_length = int(saved.data.seq_len)
+  overrides = {'data.seq_len': length} if length != trained_length else None
+  run = load_run(workdir, overrides)
   if getattr(run.process, 'causal', False):
     raise ValueError(
       f'{workdir} is an autoregressive run; the frontier compares diffusion '
@@ -352,6 +372,8 @@ def frontier(config, workdir: str, opts: Options) -> dict:
   result = {
     'workdir': workdir,
     'scorer': scorer_dir,
+    'length': length,
+    'trained_length': trained_length,
     'target_entropy': target,
     'temperatures': list(opts.temperatures),
     'seeds': list(opts.seeds),

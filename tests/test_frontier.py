@@ -93,8 +93,17 @@ def test_frontier_smoke_run_writes_table_plot_and_meter(
     assert 0 <= lo <= hi <= math.log2(length) and 'auc' not in curve
   table = (tmp_path / 'out' / 'frontier.md').read_text()
   assert 'approx_cache dual refresh=' in table and '(approximate)' in table
-  # A config that does not describe the run is refused before sampling.
-  config.data.seq_len = 64
-  with pytest.raises(ValueError, match='data.seq_len=64'):
-    frontier.frontier(config, workdir, opts)
   assert np.isfinite(saved['target_entropy'])
+  # Samples at --config's length, here twice the training length.
+  config.data.seq_len = 2 * length
+  opts = frontier.Options(
+    samplers='threshold', temperatures=(1.0,), points=1, num_samples=2,
+    out=str(tmp_path / 'long'),
+  )  # fmt: skip
+  long = frontier.frontier(config, workdir, opts)
+  assert (long['length'], long['trained_length']) == (2 * length, length)
+  assert long['rows'][0]['nfe'] == 2 * length  # threshold 1.0
+  # A config that does not describe the run is refused before sampling.
+  config.model.width = 64
+  with pytest.raises(ValueError, match='model.width=64'):
+    frontier.frontier(config, workdir, opts)
