@@ -174,6 +174,8 @@ def test_registry_specs_errors_and_block_models():
     ThresholdSampler(min_tokens=2, max_tokens=1)
   with pytest.raises(ValueError, match='editing_threshold'):
     ThresholdSampler(editing_threshold=-0.1)
-  # Block-diffusion models run it inside each block.
-  block = BlockSampler(inner=ThresholdSampler(threshold=0.5))
-  assert block.inner_sampler.name == 'threshold'
+  # Block-diffusion models run it inside each block, semi_ar too.
+  block = BlockSampler(inner='threshold', inner_params={'threshold': 0.5})
+  assert block.inner_sampler == ThresholdSampler(threshold=0.5)
+  semi = get_sampler('semi_ar', inner='threshold')
+  assert semi.inner_sampler.name == 'threshold'

@@ -34,7 +34,6 @@ from ddlm_jax.sampling.semi_ar import (
   NON_MASKED_SAMPLERS,
   SemiARSampler,
 )
-from ddlm_jax.sampling.threshold import ThresholdSampler
 
 SAMPLERS: dict[str, type[Sampler]] = {
   **INNER_SAMPLERS,
@@ -42,7 +41,6 @@ SAMPLERS: dict[str, type[Sampler]] = {
   SemiARSampler.name: SemiARSampler,
   BlockSampler.name: BlockSampler,
   DiDSampler.name: DiDSampler,
-  ThresholdSampler.name: ThresholdSampler,
   ApproxCacheSampler.name: ApproxCacheSampler,
 }
 # The incompatibility errors of Sampler.__call__ list names from this table.
