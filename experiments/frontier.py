@@ -191,20 +191,15 @@ def grid_for(run, opts: Options) -> tuple[list[dict], list[dict]]:
       )
     names = [n for n in names if n in wanted]
   length = run.config.data.seq_len
-  model = _network(run)
-  cache_ok = hasattr(model, 'kv_pass') and bool(
-    getattr(model, 'supports_logits_at', lambda: False)()
-  )
+  cache_why = cache_support(_network(run), length)
   block_size = int(getattr(run.process, 'block_size', 0) or 0)
   points, skipped = [], []
   for name in names:
-    grid = knob_grid(name, length, block_size=block_size, cache_ok=cache_ok)
+    grid = knob_grid(
+      name, length, block_size=block_size, cache_ok=cache_why is None
+    )
     if not grid:
-      why = (
-        'needs a light network'
-        if name in TWO_NETWORK
-        else 'needs an attention-only plain Transformer (kv_pass)'
-      )
+      why = 'needs a light network' if name in TWO_NETWORK else cache_why
       skipped.append({'name': name, 'reason': why})
       continue
     by_curve: dict[str, list] = {}
@@ -216,6 +211,24 @@ def grid_for(run, opts: Options) -> tuple[list[dict], list[dict]]:
           {'name': name, 'curve': curve, 'knob': knob, 'params': params}
         )
   return points, skipped
+
+
+def cache_support(model, length: int) -> str | None:
+  """None if the network runs the approximate caches, else the reason.
+
+  Traced abstractly (no compute): kv_pass refuses block-diffusion,
+  causal and state-space backbones with a one-line reason.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  if not hasattr(model, 'kv_pass'):
+    return f'{type(model).__name__} has no kv_pass (models.Transformer)'
+  try:
+    jax.eval_shape(lambda: model.kv_pass(jnp.zeros((1, length), jnp.int32)))
+  except ValueError as err:
+    return str(err)
+  return None
 
 
 def _network(run):
@@ -321,6 +334,7 @@ def frontier(config, workdir: str, opts: Options) -> dict:
   """Runs the frontier; writes and returns {'rows', 'curves', ...}."""
   from ddlm_jax.evaluation.sample_metrics import ARScorer, sample_quality
   from ddlm_jax.evaluation.sample_run import reference_texts
+  from ddlm_jax.sampling.registry import parse_spec
   from ddlm_jax.training.run import load_config, load_run
 
   if not opts.temperatures or min(opts.temperatures) <= 0:
@@ -333,6 +347,8 @@ def frontier(config, workdir: str, opts: Options) -> dict:
       f'--num_samples={opts.num_samples} must be >= 1, --points='
       f'{opts.points} >= 0 and --seeds non-empty.'
     )
+  for spec in filter(None, (s.strip() for s in opts.samplers.split(';'))):
+    parse_spec(spec)  # An unknown name is refused before anything loads.
   saved = load_config(workdir)
   check_config(config, saved, workdir)
   length = int(config.data.seq_len)

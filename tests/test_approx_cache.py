@@ -187,3 +187,13 @@ def test_registry_and_bad_input():
     sampler(lambda z, t: z, jax.random.key(0), PROCESS, batch=1, length=L)
   with pytest.raises(ValueError, match='exact block cache'):
     _model(block_size=BLOCK).kv_pass(jnp.zeros((1, L), jnp.int32))
+  from ddlm_jax.models.hybrid import HybridConfig, HybridTransformer
+
+  base = TransformerConfig(
+    vocab_size=V, input_vocab_size=V + 1, width=16, depth=2, num_heads=2
+  )
+  hybrid = HybridTransformer(
+    HybridConfig(base=base, pattern='AS', state_size=4), rngs=nnx.Rngs(0)
+  )
+  with pytest.raises(ValueError, match='state-space layers'):
+    hybrid.kv_pass(jnp.zeros((1, L), jnp.int32))

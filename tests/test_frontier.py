@@ -45,6 +45,30 @@ def test_knob_grid_covers_each_samplers_natural_knob():
   assert frontier._spread([1, 2, 3, 4, 5], 2) == [1, 5]
 
 
+def test_cache_support_and_bad_flags_are_refused_before_loading(tmp_path):
+  from flax import nnx
+
+  from ddlm_jax.models.transformer import Transformer, TransformerConfig
+
+  def model(**kw):
+    cfg = TransformerConfig(vocab_size=5, input_vocab_size=6, width=16,
+                            depth=1, num_heads=2, **kw)  # fmt: skip
+    return Transformer(cfg, rngs=nnx.Rngs(0))
+
+  assert frontier.cache_support(model(), 8) is None
+  assert 'exact block cache' in frontier.cache_support(model(block_size=4), 8)
+  assert 'causal' in frontier.cache_support(model(causal=True), 8)
+  assert 'no kv_pass' in frontier.cache_support(lambda z, t: z, 8)
+  config = quickstart.get_config('smoke')
+  missing = str(tmp_path / 'nothing')
+  with pytest.raises(ValueError, match="unknown sampler 'bogus'"):
+    frontier.frontier(config, missing, frontier.Options(samplers='bogus'))
+  with pytest.raises(ValueError, match='temperatures'):
+    frontier.frontier(config, missing, frontier.Options(temperatures=(0.0,)))
+  with pytest.raises(FileNotFoundError, match='not a run directory'):
+    frontier.frontier(config, missing, frontier.Options())
+
+
 @pytest.mark.slow
 def test_frontier_smoke_run_writes_table_plot_and_meter(
   smoke_mdlm_run, tmp_path

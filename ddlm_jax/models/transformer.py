@@ -451,7 +451,12 @@ class Transformer(nnx.Module):
     return self.logits(h_BxNxD)
 
   def _check_plain(self):
-    self._check_attention_only()
+    if self.cfg.causal or not all(isinstance(b, Block) for b in self.blocks):
+      raise ValueError(
+        'approximate KV caches need a bidirectional attention-only model; '
+        'this one is causal or has state-space layers (use the threshold '
+        'sampler, which needs no cache).'
+      )
     if self.cfg.block_size:
       raise ValueError(
         'approximate caches are for plain bidirectional models; a block-'
