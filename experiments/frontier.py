@@ -13,7 +13,8 @@ data.seq_len, which may differ from the training length (e.g.
 sampler that applies to the run's process family (`samplers_for`) runs over
 its natural knob (`knob_grid`): the step count of the step samplers, gamma
 of 'eb', the threshold of 'threshold', the refresh period of
-'approx_cache' (dual and prefix caches, for plain Transformers), the inner
+'approx_cache' (dual and prefix caches, for plain Transformers, beside its
+uncached 'none' row: the caches' speed-up is against it), the inner
 step count of 'block'; samplers without a knob run once, and samplers
 that need a second network ('scheduled') are skipped. --samplers keeps only
 the named ones; --points=K keeps K evenly spaced knob values of each.
@@ -141,7 +142,9 @@ def knob_grid(name: str, length: int, *, block_size: int = 0, cache_ok=True):
       return []
     # Fast-dLLM's 32-token blocks, at least 4 blocks on short sequences.
     size = max(1, min(32, length // 4))
-    return [
+    # 'none' is the same block-wise decoding without a cache: the baseline
+    # of the caches' speed-up (Fast-dLLM's parallel-only row).
+    return [(f'{name} none', '', {'cache': 'none', 'block_length': size})] + [
       (f'{name} {cache}', 'refresh',
        {'cache': cache, 'refresh': r, 'block_length': size})
       for cache in ('dual', 'prefix')

@@ -38,7 +38,7 @@ def test_knob_grid_covers_each_samplers_natural_knob():
   assert steps == [4, 8, 16, 32]
   cache = frontier.knob_grid('approx_cache', 32)
   curves = {c for c, _, _ in cache}
-  assert curves == {'approx_cache dual', 'approx_cache prefix'}
+  assert curves == {f'approx_cache {c}' for c in ('none', 'dual', 'prefix')}
   assert frontier.knob_grid('approx_cache', 32, cache_ok=False) == []
   assert frontier.knob_grid('scheduled', 32) == []
   assert frontier.knob_grid('first_hitting', 32) == [('first_hitting', '', {})]
@@ -89,7 +89,8 @@ def test_frontier_smoke_run_writes_table_plot_and_meter(
   assert len(saved['rows']) == len(result['rows'])
   curves = {r['curve'] for r in result['rows']}
   assert curves == {
-    'confidence', 'threshold', 'approx_cache dual', 'approx_cache prefix'
+    'confidence', 'threshold', 'approx_cache none', 'approx_cache dual',
+    'approx_cache prefix',
   }  # fmt: skip
   assert [s['name'] for s in result['skipped']] == ['scheduled']
   length = config.data.seq_len
@@ -101,7 +102,8 @@ def test_frontier_smoke_run_writes_table_plot_and_meter(
     assert 'gen_nll_matched' not in row  # no scorer in the smoke config
     if row['name'] == 'approx_cache':
       assert row['params']['block_length'] == length // 4
-      kind = 'exact' if row['knob_value'] == 1 else 'approximate'
+      exact = row['knob_value'] == 1 or row['curve'] == 'approx_cache none'
+      kind = 'exact' if exact else 'approximate'
       assert row['meter']['cache_kind'] == kind
       if kind == 'exact':
         assert row['meter']['kl_max'] == 0.0
