@@ -128,7 +128,6 @@ def knob_grid(name: str, length: int, *, block_size: int = 0, cache_ok=True):
   approximate cache without a cache-capable model).
   """
   from ddlm_jax.sampling.registry import sampler_params
-  from ddlm_jax.sampling.threshold import ThresholdSampler
 
   if name in TWO_NETWORK:
     return []
@@ -163,7 +162,8 @@ def knob_grid(name: str, length: int, *, block_size: int = 0, cache_ok=True):
   if name == 'block':
     size = block_size or length
     return [
-      ('block+threshold', 'threshold', {'inner': ThresholdSampler(threshold=t)})
+      ('block+threshold', 'threshold',
+       {'inner': 'threshold', 'inner_params': {'threshold': t}})
       for t in THRESHOLDS
     ] + [
       ('block+ancestral', 'num_steps',
@@ -246,10 +246,7 @@ def _knob_value(point):
     return None
   if knob in params:
     return params[knob]
-  inner = params.get('inner_params', {})
-  if knob in inner:
-    return inner[knob]
-  return getattr(params.get('inner'), knob, None)
+  return params.get('inner_params', {}).get(knob)
 
 
 def _label(point) -> str:
@@ -404,18 +401,12 @@ def frontier(config, workdir: str, opts: Options) -> dict:
   out = opts.out or os.path.join(workdir, 'frontier')
   os.makedirs(out, exist_ok=True)
   with open(os.path.join(out, 'frontier.json'), 'w') as f:
-    json.dump(result, f, indent=2, default=_jsonable)
+    json.dump(result, f, indent=2)
   with open(os.path.join(out, 'frontier.md'), 'w') as f:
     f.write(table(rows, curves, target))
   plot(rows, os.path.join(out, 'frontier.png'))
   print(f'wrote {out}/frontier.json, frontier.md, frontier.png')
   return result
-
-
-def _jsonable(value):
-  if dataclasses.is_dataclass(value):
-    return {'sampler': value.name, **dataclasses.asdict(value)}
-  return str(value)
 
 
 def _summarise(point, sweep: dict, target: float) -> dict:
