@@ -138,3 +138,38 @@ def test_frontier_smoke_run_writes_table_plot_and_meter(
   config.model.width = 64
   with pytest.raises(ValueError, match='model.width=64'):
     frontier.frontier(config, workdir, opts)
+
+
+@pytest.mark.slow
+def test_frontier_with_an_ar_scorer_matches_entropy_and_integrates(
+  smoke_mdlm_run, tmp_path
+):
+  from ddlm_jax.training import loop
+  from experiments.configs import ar_quickstart
+
+  ar = ar_quickstart.get_config('smoke')
+  ar.sample.num_samples = 0
+  ar.mesh.shape = (1, 1, 1)
+  scorer = str(tmp_path / 'ar')
+  loop.train_and_evaluate(ar, scorer)
+  workdir, _ = smoke_mdlm_run
+  opts = frontier.Options(
+    scorer=scorer, samplers='threshold', temperatures=(0.5, 1.0), points=2,
+    num_samples=2, out=str(tmp_path / 'out'),
+  )  # fmt: skip
+  result = frontier.frontier(quickstart.get_config('smoke'), workdir, opts)
+  assert result['scorer'] == scorer and len(result['rows']) == 2
+  for row in result['rows']:
+    sweep = row['by_temperature']
+    nll = [sweep[t]['gen_nll'] for t in ('0.5', '1.0')]
+    ent = [sweep[t]['entropy'] for t in ('0.5', '1.0')]
+    assert row['gen_nll'] == nll[1] > 0
+    # The matched value lies between the swept ones (or is the nearest).
+    lo, hi = min(nll), max(nll)
+    assert lo - 1e-9 <= row['gen_nll_matched'] <= hi + 1e-9
+    inside = min(ent) <= result['target_entropy'] <= max(ent)
+    assert (row['entropy_gap'] == 0.0) == inside
+  curve = result['curves']['threshold']
+  assert 'auc' in curve and np.isfinite(curve['auc_per_octave'])
+  table = (tmp_path / 'out' / 'frontier.md').read_text()
+  assert 'gen-NLL (matched H)' in table
