@@ -26,11 +26,12 @@ full pass it approximates and records KL(exact || cached) of the predicted
 distributions (temperature 1, no filtering) at the positions the call reads
 (the masked positions of the block): the sum, maximum and count, so the
 mean and max per sample are reported (`CacheMeter.summary`), flagged
-'exact' for caches that are exact by construction ('none', refresh=1) and
-'approximate' otherwise. The meter's own calls are not in NFE
-(`meter_calls`). `measure_block_cache` meters the exact BD3 block cache the
-same way: it reads 0 up to float32 rounding (KL < 1e-6, where the dual
-cache of a small random model reads ~1e-3).
+'exact' for caches that are exact by construction ('none', refresh=1, or
+one block covering the sequence: `kind_for`) and 'approximate' otherwise.
+The meter's own calls are not in NFE (`meter_calls`).
+`measure_block_cache` meters the exact BD3 block cache the same way: it
+reads 0 up to float32 rounding (KL < 1e-6, where the dual cache of a small
+random model reads ~1e-3).
 """
 
 from __future__ import annotations
