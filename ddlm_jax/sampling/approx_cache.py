@@ -159,6 +159,7 @@ class ApproxCacheSampler(Sampler):
   """
 
   name: ClassVar[str] = 'approx_cache'
+  families: ClassVar[tuple[str, ...]] = ('masked',)
 
   cache: str = 'dual'
   block_length: int = 32

@@ -122,6 +122,7 @@ class ThresholdSampler(Sampler):
   """
 
   name: ClassVar[str] = 'threshold'
+  families: ClassVar[tuple[str, ...]] = ('masked',)
 
   threshold: float = 0.9
   factor: float = 0.0
