@@ -197,3 +197,22 @@ def test_registry_and_bad_input():
   )
   with pytest.raises(ValueError, match='state-space layers'):
     hybrid.kv_pass(jnp.zeros((1, L), jnp.int32))
+
+
+def test_no_cache_is_semi_ar_with_the_threshold_rule():
+  """cache='none' decodes like semi_ar with the threshold sampler inside
+  each block (greedy: the two loops use their keys differently)."""
+  model = _model(4)
+  prompt = jnp.asarray(_prompts(2))
+  rule = dict(threshold=0.6, greedy=True, temperature=0.5)
+  ours = _decode(ApproxCacheSampler(cache='none', block_length=BLOCK, **rule),
+                 model, prompt)  # fmt: skip
+  semi = get_sampler(
+    'semi_ar', block_length=BLOCK, inner='threshold', inner_params=rule,
+    temperature=0.5,
+  )  # fmt: skip
+  tokens, nfe = jax.jit(
+    lambda k: semi(model, k, PROCESS, batch=2, length=L, prompt_BxL=prompt)
+  )(jax.random.key(0))
+  np.testing.assert_array_equal(ours.tokens_BxL, tokens)
+  assert int(ours.nfe) == int(nfe)
