@@ -25,7 +25,8 @@ corpus gen-ppl) is interpolated, over the temperature sweep, at the
 unigram entropy of the validation text (`matched_value`; outside the swept
 range the nearest value, with the entropy gap reported). Per point the
 table holds NFE (batched calls), tokens per call (generated tokens / NFE),
-tokens/s (wall clock of the compiled sampler), gen-NLL and unigram entropy
+tokens/s (wall clock of the compiled sampler), FLOPs per sample (the
+caches' window calls counted at their size), gen-NLL and unigram entropy
 at T = 1 and matched, and for the approximate caches the meter's KL
 (mean, max, exact/approximate). Per sampler curve, `curve_area` gives the
 area under matched gen-NLL against log2(tokens per call) from its first to
@@ -292,7 +293,7 @@ def _metered(run, sampler, num_samples: int, seed: int) -> dict:
   model = _network(run)
   length = run.config.data.seq_len
   out = jax.jit(
-    lambda k: metered.decode(
+    lambda k: metered.generate(
       model, k, run.process, batch=num_samples, length=length
     )
   )(jax.random.key(seed))
@@ -319,6 +320,7 @@ def _measure(run, point, temperature, opts, scorer, same) -> dict:
       'nfe': nfe,
       'tokens_per_call': tokens.shape[1] / max(nfe, 1.0),
       'tokens_per_sec': stats['tokens_per_sec'],
+      'flops_per_sample': stats['flops_per_sample'],
       'entropy': quality['unigram_entropy_nats'],
     }
     if 'gen_ppl_corpus' in quality:
@@ -463,6 +465,7 @@ COLUMNS = [
   ('nfe', 'NFE', '{:g}'),
   ('tokens_per_call', 'tokens/call', '{:.2f}'),
   ('tokens_per_sec', 'tokens/s', '{:.0f}'),
+  ('flops_per_sample', 'FLOPs/sample', '{:.3g}'),
   ('gen_nll', 'gen-NLL (T=1)', '{:.3f}'),
   ('gen_nll_matched', 'gen-NLL (matched H)', '{:.3f}'),
   ('entropy', 'entropy nats (T=1)', '{:.3f}'),

@@ -74,7 +74,7 @@ def _prompts(batch):
 
 def _decode(sampler, model, prompt, seed=0):
   fn = jax.jit(
-    lambda k, p: sampler.decode(model, k, PROCESS, batch=p.shape[0],
+    lambda k, p: sampler.generate(model, k, PROCESS, batch=p.shape[0],
                                 length=L, prompt_BxL=p)
   )  # fmt: skip
   return fn(jax.random.key(seed), jnp.asarray(prompt))
@@ -148,6 +148,13 @@ def test_nfe_counts_real_network_calls(cache):
   assert int(out.nfe) == calls['kv_pass'] + calls['window'] + (
     calls['call'] if cache == 'none' else 0
   )
+  # Work: full passes run L tokens against L keys, window calls theirs.
+  window = {'dual': BLOCK, 'prefix': None, 'none': 0}[cache]
+  pairs = float(out.cost.attention_pairs)
+  assert float(out.cost.dense_tokens) * L == pairs
+  if window is not None:
+    want = int(out.full_calls) * L + int(out.window_calls) * window
+    assert float(out.cost.dense_tokens) == want
   if cache != 'none':
     assert int(out.full_calls) == calls['kv_pass']
     assert int(out.window_calls) == calls['window']

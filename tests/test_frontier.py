@@ -103,6 +103,7 @@ def test_frontier_smoke_run_writes_table_plot_and_meter(
     assert 1 <= row['nfe'] <= length
     assert row['tokens_per_call'] == pytest.approx(length / row['nfe'])
     assert row['tokens_per_sec'] > 0 and row['entropy'] > 0
+    assert row['flops_per_sample'] > 0
     assert set(row['by_temperature']) == {'0.9', '1.0'}
     assert 'gen_nll_matched' not in row  # no scorer in the smoke config
     if row['name'] == 'approx_cache':
@@ -114,6 +115,11 @@ def test_frontier_smoke_run_writes_table_plot_and_meter(
         assert row['meter']['kl_max'] == 0.0
       else:
         assert row['meter']['meter_calls'] > 0
+  # The dual cache's window calls cost less than full passes.
+  flops = {
+    (r['curve'], r['knob_value']): r['flops_per_sample'] for r in result['rows']
+  }
+  assert flops['approx_cache dual', 0] < flops['approx_cache dual', 1]
   threshold_one = [
     r for r in result['rows'] if r['curve'] == 'threshold'
     and r['knob_value'] == 1.0

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from ddlm_jax.sampling.base import Sampler, require_int
+from ddlm_jax.sampling.block import Cost
 from ddlm_jax.sampling.common import (
   filtered_log_probs,
   initial_state,
@@ -107,7 +108,7 @@ class CacheMeter(NamedTuple):
 
 
 class CacheSample(NamedTuple):
-  """What `ApproxCacheSampler.decode` returns.
+  """What `ApproxCacheSampler.generate` returns.
 
   Attributes:
     tokens_BxL: the samples.
@@ -115,6 +116,9 @@ class CacheSample(NamedTuple):
     full_calls: int32, full passes (refreshes; every call with 'none').
     window_calls: int32, window calls against the cache.
     meter: the cache-error meter (zero unless meter=True).
+    cost: per-row work of the counted calls (sampling.block.Cost: a window
+      call runs its window's tokens against all L keys), for
+      `block.estimate_flops`; the meter's passes are left out.
   """
 
   tokens_BxL: jax.Array  # noqa: N815
@@ -122,6 +126,7 @@ class CacheSample(NamedTuple):
   full_calls: jax.Array
   window_calls: jax.Array
   meter: CacheMeter
+  cost: Cost
 
 
 def check_cache_model(model, name: str) -> None:
@@ -195,10 +200,11 @@ class ApproxCacheSampler(Sampler):
     out = self.run(apply, key, process, z_BxL, window_BxL)
     return out.tokens_BxL, out.nfe
 
-  def decode(
+  def generate(
     self, apply, key, process, *, batch: int, length: int, prompt_BxL=None
   ) -> CacheSample:
-    """Like calling the sampler, returning the whole `CacheSample`."""
+    """Like calling the sampler, returning the whole `CacheSample` (the
+    interface of the block samplers, whose cost the sample runner reads)."""
     self.check_applies(process)
     z_BxL = initial_state(process, batch, length, prompt_BxL)
     window = jnp.ones((batch, length), bool)
@@ -218,26 +224,29 @@ class ApproxCacheSampler(Sampler):
     )
     cache = model.init_cache(batch, length) if self.cache != 'none' else None
     counts = (jnp.int32(0),) * 3  # nfe, full passes, window calls
-    meter = CacheMeter.zero()
+    meter, cost = CacheMeter.zero(), Cost.zero()
     z = z_BxL.astype(jnp.int32)
     # A Python loop over blocks: the prefix window's length depends on
     # the block, and static starts give compile-time rotary tables.
     for b, start in enumerate(range(0, length, size)):
       stop = min(start + size, length)
       read_BxN = free[:, start:stop]
-      z, cache, counts, meter = self._block(
+      z, cache, counts, meter, cost = self._block(
         model, jax.random.fold_in(key, b), process, z, read_BxN,
-        (start, stop), cache, counts, meter, rule,
+        (start, stop), cache, counts, meter, cost, rule,
       )  # fmt: skip
     nfe, full, window = counts
-    return CacheSample(z, nfe, full, window, meter)
+    return CacheSample(z, nfe, full, window, meter, cost)
 
   def _block(
-    self, model, key, process, z, read_BxN, span, cache, counts, meter, rule
-  ):
+    self, model, key, process, z, read_BxN, span, cache, counts, meter, cost,
+    rule,
+  ):  # fmt: skip
     """Decodes positions start..stop-1 (the masked ones in read_BxN)."""
     start, stop = span
     mask_id = process.mask_id
+    length = z.shape[1]
+    window_len = stop - start if self.cache == 'dual' else length - start
 
     def logits_of(z, t_B, k, cache, meter):
       """(block logits, cache, meter, full pass?) of one call."""
@@ -270,7 +279,7 @@ class ApproxCacheSampler(Sampler):
       return jnp.any((z[:, start:stop] == mask_id) & read_BxN)
 
     def body(carry):
-      z, key, k, cache, counts, meter = carry
+      z, key, k, cache, counts, meter, cost = carry
       key, tok_key = jax.random.split(key)
       t_B = time_for_masked_fraction(process.schedule, z, mask_id)
       logits, cache, meter, was_full = logits_of(z, t_B, k, cache, meter)
@@ -287,11 +296,13 @@ class ApproxCacheSampler(Sampler):
       nfe, full, window = counts
       full_i = was_full.astype(jnp.int32)
       counts = (nfe + 1, full + full_i, window + 1 - full_i)
-      return z, key, k + 1, cache, counts, meter
+      cost = cost.add(full_i, length, length)
+      cost = cost.add(1 - full_i, window_len, length)
+      return z, key, k + 1, cache, counts, meter, cost
 
-    init = (z, key, jnp.int32(0), cache, counts, meter)
-    z, _, _, cache, counts, meter = jax.lax.while_loop(cond, body, init)
-    return z, cache, counts, meter
+    init = (z, key, jnp.int32(0), cache, counts, meter, cost)
+    z, _, _, cache, counts, meter, cost = jax.lax.while_loop(cond, body, init)
+    return z, cache, counts, meter, cost
 
 
 def measure_block_cache(
