@@ -109,7 +109,7 @@ def curve_area(xs, ys) -> tuple[float, float]:
   return area, area / width
 
 
-def _spread(values, points: int) -> list:
+def spread(values, points: int) -> list:
   """`points` evenly spaced entries of values (all when 0 or enough)."""
   values = list(values)
   if not points or points >= len(values):
@@ -178,15 +178,32 @@ def knob_grid(name: str, length: int, *, block_size: int = 0, cache_ok=True):
   return [(name, '', {})]
 
 
+def sampler_names(text: str) -> list[str]:
+  """The registered names in --samplers ('a;b'); specs with parameters are
+  refused, since each sampler runs over its own knob grid."""
+  from ddlm_jax.sampling.registry import parse_spec
+
+  names = []
+  for spec in filter(None, (s.strip() for s in text.split(';'))):
+    name, params = parse_spec(spec)
+    if params:
+      raise ValueError(
+        f'--samplers={text!r}: give sampler names only ({name!r}, not '
+        f"{spec!r}); the frontier sets each sampler's parameters itself."
+      )
+    names.append(name)
+  return names
+
+
 def grid_for(run, opts: Options) -> tuple[list[dict], list[dict]]:
   """(points to run, skipped samplers with the reason) for a run."""
   from ddlm_jax.sampling.common import process_family
-  from ddlm_jax.sampling.registry import parse_spec, samplers_for
+  from ddlm_jax.sampling.registry import samplers_for
 
   family = process_family(run.process)
   names = samplers_for(family)
   if opts.samplers:
-    wanted = [parse_spec(s)[0] for s in opts.samplers.split(';') if s.strip()]
+    wanted = sampler_names(opts.samplers)
     unknown = sorted(set(wanted) - set(names))
     if unknown:
       raise ValueError(
@@ -210,7 +227,7 @@ def grid_for(run, opts: Options) -> tuple[list[dict], list[dict]]:
     for curve, knob, params in grid:
       by_curve.setdefault(curve, []).append((knob, params))
     for curve, entries in by_curve.items():
-      for knob, params in _spread(entries, opts.points):
+      for knob, params in spread(entries, opts.points):
         points.append(
           {'name': name, 'curve': curve, 'knob': knob, 'params': params}
         )
@@ -250,7 +267,7 @@ def _knob_value(point):
   return params.get('inner_params', {}).get(knob)
 
 
-def _label(point) -> str:
+def point_label(point) -> str:
   value = _knob_value(point)
   return point['curve'] + ('' if value is None else f' {point["knob"]}={value}')
 
@@ -336,7 +353,6 @@ def frontier(config, workdir: str, opts: Options) -> dict:
   """Runs the frontier; writes and returns {'rows', 'curves', ...}."""
   from ddlm_jax.evaluation.sample_metrics import ARScorer, sample_quality
   from ddlm_jax.evaluation.sample_run import reference_texts
-  from ddlm_jax.sampling.registry import parse_spec
   from ddlm_jax.training.run import load_config, load_run
 
   if not opts.temperatures or min(opts.temperatures) <= 0:
@@ -349,8 +365,7 @@ def frontier(config, workdir: str, opts: Options) -> dict:
       f'--num_samples={opts.num_samples} must be >= 1, --points='
       f'{opts.points} >= 0 and --seeds non-empty.'
     )
-  for spec in filter(None, (s.strip() for s in opts.samplers.split(';'))):
-    parse_spec(spec)  # An unknown name is refused before anything loads.
+  sampler_names(opts.samplers)  # Bad names are refused before any load.
   saved = load_config(workdir)
   check_config(config, saved, workdir)
   length = int(config.data.seq_len)
@@ -379,7 +394,7 @@ def frontier(config, workdir: str, opts: Options) -> dict:
           run, point, temperature, opts, scorer, same
         )
       except (ValueError, TypeError) as err:
-        skipped.append({'name': _label(point), 'reason': str(err)})
+        skipped.append({'name': point_label(point), 'reason': str(err)})
         break
     if len(sweep) < len(opts.temperatures):
       continue
@@ -416,7 +431,7 @@ def _summarise(point, sweep: dict, target: float) -> dict:
   temps = sorted(sweep)
   base = sweep[1.0] if 1.0 in sweep else sweep[temps[-1]]
   row = {
-    'label': _label(point),
+    'label': point_label(point),
     'name': point['name'],
     'curve': point['curve'],
     'knob': point['knob'],

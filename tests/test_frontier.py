@@ -42,12 +42,12 @@ def test_knob_grid_covers_each_samplers_natural_knob():
   assert frontier.knob_grid('approx_cache', 32, cache_ok=False) == []
   assert frontier.knob_grid('scheduled', 32) == []
   assert frontier.knob_grid('first_hitting', 32) == [('first_hitting', '', {})]
-  assert frontier._spread([1, 2, 3, 4, 5], 2) == [1, 5]
+  assert frontier.spread([1, 2, 3, 4, 5], 2) == [1, 5]
   # Block models: the threshold rule and ancestral steps inside each block.
   block = frontier.knob_grid('block', 32, block_size=8)
   assert {c for c, _, _ in block} == {'block+threshold', 'block+ancestral'}
   point = {'knob': block[0][1], 'params': block[0][2], 'curve': block[0][0]}
-  assert frontier._label(point) == 'block+threshold threshold=1.0'
+  assert frontier.point_label(point) == 'block+threshold threshold=1.0'
 
 
 def test_cache_support_and_bad_flags_are_refused_before_loading(tmp_path):
@@ -68,6 +68,8 @@ def test_cache_support_and_bad_flags_are_refused_before_loading(tmp_path):
   missing = str(tmp_path / 'nothing')
   with pytest.raises(ValueError, match="unknown sampler 'bogus'"):
     frontier.frontier(config, missing, frontier.Options(samplers='bogus'))
+  with pytest.raises(ValueError, match='give sampler names only'):
+    frontier.frontier(config, missing, frontier.Options(samplers='eb:gamma=1'))
   with pytest.raises(ValueError, match='temperatures'):
     frontier.frontier(config, missing, frontier.Options(temperatures=(0.0,)))
   with pytest.raises(FileNotFoundError, match='not a run directory'):
