@@ -14,10 +14,11 @@ sampler that applies to the run's process family (`samplers_for`) runs over
 its natural knob (`knob_grid`): the step count of the step samplers, gamma
 of 'eb', the threshold of 'threshold', the refresh period of
 'approx_cache' (dual and prefix caches, for plain Transformers, beside its
-uncached 'none' row: the caches' speed-up is against it), the inner
-step count of 'block'; samplers without a knob run once, and samplers
-that need a second network ('scheduled') are skipped. --samplers keeps only
-the named ones; --points=K keeps K evenly spaced knob values of each.
+uncached 'none' row: the caches' speed-up is against it), the threshold
+and step count of the sampler inside 'block'; samplers without a knob run
+once, and samplers that need a second network ('scheduled') are skipped.
+--samplers keeps only the named ones; --points=K keeps K evenly spaced
+knob values of each.
 
 Every point runs at each --temperatures value. Quality is compared at
 matched entropy: the AR twin's gen-NLL (nats per token, the log of the
