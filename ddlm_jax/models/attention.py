@@ -324,19 +324,26 @@ class SelfAttention(nnx.Module):
     return self.out(jnp.transpose(o_BxHxNxK, (0, 2, 1, 3)))
 
   def cached(
-    self, x_BxNxD: jax.Array, cache: LayerCache, start
+    self, x_BxNxD: jax.Array, cache: LayerCache, start, visible=None
   ) -> tuple[jax.Array, LayerCache]:
     """N inputs at positions start..start+N-1 against a key/value cache.
 
     The block's keys and values are written into the cache at `start`; the
     block attends (bidirectionally) to every cached position < start and to
-    itself. Returns the output and the updated cache; callers that only
-    want the output drop the cache. `start` may be traced.
+    itself, or to the first `visible` cache positions when given (the
+    approximate caches of bidirectional models also read the stale keys
+    after the block). Returns the output and the updated cache; callers
+    that only want the output drop the cache. `start` may be traced; a
+    Python int gives compile-time rotary tables, as a plain pass has.
     """
     k_cache, v_cache = cache
     batch, n = x_BxNxD.shape[0], x_BxNxD.shape[1]
     max_len = k_cache.shape[2]
-    positions_N = start + jnp.arange(n, dtype=jnp.int32)
+    if isinstance(start, int):
+      positions_N = start + np.arange(n, dtype=np.int32)
+    else:
+      positions_N = start + jnp.arange(n, dtype=jnp.int32)
+    visible = start + n if visible is None else visible
     q, k, v = self.project(x_BxNxD, positions_N)
     at = (0, 0, start, 0)
     k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype), at)
@@ -344,7 +351,7 @@ class SelfAttention(nnx.Module):
     import pallas_kernels  # Lazily, as in attend: only MaskSpec is needed.
 
     valid_BxT = jnp.broadcast_to(
-      jnp.arange(max_len) < start + n, (batch, max_len)
+      jnp.arange(max_len) < visible, (batch, max_len)
     )
     o_BxHxNxK = attend(
       q,

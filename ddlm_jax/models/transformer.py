@@ -148,7 +148,7 @@ class Block(layers.Block):
     )
 
   def cached(
-    self, x_BxNxD: jax.Array, c_BxC, cache: LayerCache, start
+    self, x_BxNxD: jax.Array, c_BxC, cache: LayerCache, start, visible=None
   ) -> tuple[jax.Array, LayerCache]:
     """The block on N inputs at start.. against its attention's cache.
 
@@ -156,7 +156,7 @@ class Block(layers.Block):
     replaced by `SelfAttention.cached` (which also returns the cache);
     tests/test_block_diffusion.py checks it against the full 2L pass.
     """
-    mix = lambda h: self.attn.cached(h, cache, start)
+    mix = lambda h: self.attn.cached(h, cache, start, visible)
     return self.residual(x_BxNxD, c_BxC, mix)
 
   def _mix_at(self, h_BxLxD: jax.Array, idx_BxN: jax.Array) -> jax.Array:
@@ -373,7 +373,7 @@ class Transformer(nnx.Module):
     zeros = jnp.zeros(shape, DTYPES[self.cfg.dtype])
     return tuple((zeros, zeros) for _ in self.blocks)
 
-  def _cached(self, tokens_BxN, cache: KVCache, start, t_B):
+  def _cached(self, tokens_BxN, cache: KVCache, start, t_B, visible=None):
     """Hidden states of a block at start.. and the cache with its K/V."""
     self._check_attention_only()
     if len(cache) != len(self.blocks):
@@ -391,7 +391,9 @@ class Transformer(nnx.Module):
     c_BxC = self.condition(t_B)
     new = []
     for block, layer_cache in zip(self.blocks, cache):
-      x_BxNxD, layer_cache = block.cached(x_BxNxD, c_BxC, layer_cache, start)
+      x_BxNxD, layer_cache = block.cached(
+        x_BxNxD, c_BxC, layer_cache, start, visible
+      )
       new.append(layer_cache)
     return self.final_norm(x_BxNxD), tuple(new)
 
@@ -415,3 +417,48 @@ class Transformer(nnx.Module):
     block does in the 2L training pass (block-causal).
     """
     return self._cached(x_BxN, cache, start, t_B)[1]
+
+  # ------------------------------------- approximate caches (plain models) --
+
+  def kv_pass(self, tokens_BxL: jax.Array, t_B=None):
+    """A plain bidirectional pass that also returns every layer's keys and
+    values: (logits [B, L, V], KVCache of length L).
+
+    The refresh of the approximate prefix and dual caches
+    (sampling.approx_cache); the logits are those of __call__.
+    """
+    self._check_plain()
+    batch, length = tokens_BxL.shape
+    h_BxLxD, cache = self._cached(
+      tokens_BxL, self.init_cache(batch, length), 0, t_B
+    )
+    return self.logits(h_BxLxD), cache
+
+  def window_logits(
+    self, z_BxN: jax.Array, cache: KVCache, start, t_B=None
+  ) -> jax.Array:
+    """Logits [B, N, V] of positions start..start+N-1 of a plain model,
+    attending to their own fresh keys/values and to the cached ones of
+    every other position (before and after the window).
+
+    Exact when the cache holds the current keys/values of the other
+    positions; after those positions change it is the approximation of
+    Fast-dLLM's prefix (window = everything from start) and dual caches.
+    """
+    self._check_plain()
+    max_len = cache[0][0].shape[2]
+    h_BxNxD, _ = self._cached(z_BxN, cache, start, t_B, visible=max_len)
+    return self.logits(h_BxNxD)
+
+  def _check_plain(self):
+    if self.cfg.causal or not all(isinstance(b, Block) for b in self.blocks):
+      raise ValueError(
+        'approximate KV caches need a bidirectional attention-only model; '
+        'this one is causal or has state-space layers (use the threshold '
+        'sampler, which needs no cache).'
+      )
+    if self.cfg.block_size:
+      raise ValueError(
+        'approximate caches are for plain bidirectional models; a block-'
+        "diffusion model has its exact block cache (sampler 'block')."
+      )

@@ -9,7 +9,9 @@ Names: ancestral, first_hitting, confidence, eb, remdm, semi_ar, scheduled
 loo_gibbs for uniform-state and interpolating ones; psi for all three;
 block (KV-cached block-by-block generation, any masked sampler inside a
 block) and did (Diffusion-in-Diffusion draft-then-refine) for block
-diffusion.
+diffusion; threshold (confidence-threshold parallel decoding, optional
+re-editing) and approx_cache (the same with Fast-dLLM's approximate prefix
+or dual KV cache, plain Transformers only) for masked processes.
 Each sampler's `families` says which; `samplers_for(family)` lists them. A
 spec string 'eb:gamma=0.1,temperature=0.9' or
 'psi:kappa=max_capped_eta,eta=0.01' holds a name and parameters in one
@@ -23,6 +25,7 @@ import ast
 import dataclasses
 
 from ddlm_jax.sampling import base
+from ddlm_jax.sampling.approx_cache import ApproxCacheSampler
 from ddlm_jax.sampling.base import Sampler, build, compatible_samplers
 from ddlm_jax.sampling.block import BlockSampler
 from ddlm_jax.sampling.did import DiDSampler
@@ -38,6 +41,7 @@ SAMPLERS: dict[str, type[Sampler]] = {
   SemiARSampler.name: SemiARSampler,
   BlockSampler.name: BlockSampler,
   DiDSampler.name: DiDSampler,
+  ApproxCacheSampler.name: ApproxCacheSampler,
 }
 # The incompatibility errors of Sampler.__call__ list names from this table.
 base.REGISTERED.update(SAMPLERS)

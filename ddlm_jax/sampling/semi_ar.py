@@ -22,6 +22,7 @@ from ddlm_jax.sampling.base import Sampler, build, check_family, require_int
 from ddlm_jax.sampling.psi import PsiSampler
 from ddlm_jax.sampling.remdm import ReMDMSampler
 from ddlm_jax.sampling.scheduling import ScheduledSampler
+from ddlm_jax.sampling.threshold import ThresholdSampler
 from ddlm_jax.sampling.uniform import LOOGibbsSampler, UniformAncestralSampler
 from ddlm_jax.sampling.unmasking import (
   ConfidenceSampler,
@@ -42,6 +43,7 @@ INNER_SAMPLERS: dict[str, type[Sampler]] = {
     ReMDMSampler,
     ScheduledSampler,
     PsiSampler,
+    ThresholdSampler,
   )
 }
 
