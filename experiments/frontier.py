@@ -51,6 +51,8 @@ import sys
 
 import numpy as np
 
+from ddlm_jax.diffusion.base import BlockProcess
+
 STEP_FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1)
 GAMMAS = (0.0, 0.5, 1.0, 2.0, 4.0)
 THRESHOLDS = (1.0, 0.95, 0.9, 0.8, 0.7, 0.5)
@@ -214,7 +216,9 @@ def grid_for(run, opts: Options) -> tuple[list[dict], list[dict]]:
     names = [n for n in names if n in wanted]
   length = run.config.data.seq_len
   cache_why = cache_support(_network(run), length)
-  block_size = int(getattr(run.process, 'block_size', 0) or 0)
+  block_size = (
+    run.process.block_size if isinstance(run.process, BlockProcess) else 0
+  )
   points, skipped = [], []
   for name in names:
     grid = knob_grid(
@@ -373,7 +377,7 @@ def frontier(config, workdir: str, opts: Options) -> dict:
   trained_length = int(saved.data.seq_len)
   overrides = {'data.seq_len': length} if length != trained_length else None
   run = load_run(workdir, overrides)
-  if getattr(run.process, 'causal', False):
+  if run.process.causal:
     raise ValueError(
       f'{workdir} is an autoregressive run; the frontier compares diffusion '
       'samplers (pass the AR twin as --scorer).'
