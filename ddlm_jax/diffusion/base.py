@@ -38,6 +38,8 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
+from ddlm_jax.diffusion.schedules import get_schedule
+
 # apply(z_BxL, t_B) -> logits_BxLxV. Time-free networks ignore t_B.
 ApplyFn = Callable[[jax.Array, jax.Array], jax.Array]
 # (objective_B, nelbo_B, aux): what every loss returns.
@@ -253,6 +255,33 @@ class ProcessConfig:
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledConfig(ProcessConfig):
+  """Settings every diffusion family with a noise schedule shares.
+
+  schedule: alpha(t) by name ('loglinear', 'linear', 'cosine', 'poly', ...)
+  with schedule_kwargs; t_min: times drawn from [t_min, 1]; antithetic:
+  stratified times; loss_type: 'elbo' | 'simple_ce' (both report the
+  NELBO).
+  """
+
+  schedule: str = 'loglinear'
+  schedule_kwargs: dict = dataclasses.field(default_factory=dict)
+  t_min: float = 1e-3
+  antithetic: bool = True
+  loss_type: str = 'elbo'
+
+  def scheduled_kwargs(self, vocab_size: int) -> dict:
+    """The process fields these settings give (the schedule built)."""
+    return dict(
+      schedule=get_schedule(self.schedule, **dict(self.schedule_kwargs)),
+      vocab_size=vocab_size,
+      t_min=self.t_min,
+      antithetic=self.antithetic,
+      loss_type=self.loss_type,
+    )
 
 
 def registered_kinds() -> tuple[str, ...]:

@@ -52,8 +52,9 @@ from ddlm_jax.diffusion.base import (
   ApplyFn,  # noqa: F401  (re-exported: masked.ApplyFn)
   DiffusionProcess,
   ProcessConfig,
+  ScheduledConfig,
 )
-from ddlm_jax.diffusion.schedules import Schedule, get_schedule
+from ddlm_jax.diffusion.schedules import Schedule
 
 LOSS_TYPES = ('elbo', 'simple_ce')
 BOUND_KINDS = ('full', 'mdlm')
@@ -259,38 +260,23 @@ class MaskedDiffusion(DiffusionProcess):
 
 @ProcessConfig.register('mdlm', 'md4')
 @dataclasses.dataclass(frozen=True)
-class MaskedConfig(ProcessConfig):
+class MaskedConfig(ScheduledConfig):
   """config.process of masked diffusion ('mdlm' and 'md4' build the same).
 
-  schedule: alpha(t) by name ('loglinear', 'linear', 'cosine', 'poly', ...)
-    with schedule_kwargs; num_steps: 0 = continuous-time NELBO, T = T-step;
-    t_min: times drawn from [t_min, 1]; antithetic: stratified times;
-    loss_type: 'elbo' | 'simple_ce'; bound: 'full' (a true bound) | 'mdlm'
-    (the published convention, no prior term).
+  num_steps: 0 = continuous-time NELBO, T = T-step; bound: 'full' (a true
+  bound) | 'mdlm' (the published convention, no prior term); the shared
+  settings as in ScheduledConfig.
   """
 
-  schedule: str = 'loglinear'
-  schedule_kwargs: dict = dataclasses.field(default_factory=dict)
   num_steps: int = 0
-  t_min: float = 1e-3
-  antithetic: bool = True
-  loss_type: str = 'elbo'
   bound: str = 'full'
 
   family: ClassVar[str] = 'masked'
   supports_soft_mask: ClassVar[bool] = True
 
-  def process_kwargs(self, vocab_size: int) -> dict:
-    """The MaskedDiffusion fields (soft-masking adds its own to these)."""
-    return dict(
-      schedule=get_schedule(self.schedule, **dict(self.schedule_kwargs)),
-      vocab_size=vocab_size,
+  def build(self, vocab_size: int) -> MaskedDiffusion:
+    return MaskedDiffusion(
+      **self.scheduled_kwargs(vocab_size),
       num_steps=self.num_steps,
-      t_min=self.t_min,
-      antithetic=self.antithetic,
-      loss_type=self.loss_type,
       bound_kind=self.bound,
     )
-
-  def build(self, vocab_size: int) -> MaskedDiffusion:
-    return MaskedDiffusion(**self.process_kwargs(vocab_size))

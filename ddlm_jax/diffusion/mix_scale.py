@@ -27,9 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ddlm_jax.diffusion.base import Backbone, BlockProcess, ProcessConfig
+from ddlm_jax.diffusion.base import (
+  Backbone,
+  BlockProcess,
+  ProcessConfig,
+  ScheduledConfig,
+)
 from ddlm_jax.diffusion.block import BlockDiffusion
-from ddlm_jax.diffusion.schedules import get_schedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,21 +212,16 @@ def parse_block_sizes(text) -> tuple[int, ...]:
 
 @ProcessConfig.register('bd3')
 @dataclasses.dataclass(frozen=True)
-class BlockConfig(ProcessConfig):
+class BlockConfig(ScheduledConfig):
   """config.process of block diffusion (BD3-LM).
 
   block_size: L' (divides data.seq_len); clip_low, clip_high: the clipped
   training band t ~ U[clip_low, clip_high] per block (the reported bound is
   always unclipped); block_sizes: mix-scale sizes ('4,16'; '' = one size,
   the last listed size is the evaluation one's base); schedule, t_min,
-  antithetic and loss_type as for masked diffusion.
+  antithetic and loss_type as in ScheduledConfig.
   """
 
-  schedule: str = 'loglinear'
-  schedule_kwargs: dict = dataclasses.field(default_factory=dict)
-  t_min: float = 1e-3
-  antithetic: bool = True
-  loss_type: str = 'elbo'
   block_size: int = 16
   clip_low: float = 0.0
   clip_high: float = 1.0
@@ -253,11 +252,7 @@ class BlockConfig(ProcessConfig):
   def build(self, vocab_size: int) -> BlockProcess:
     sizes = parse_block_sizes(self.block_sizes)
     block = BlockDiffusion(
-      schedule=get_schedule(self.schedule, **dict(self.schedule_kwargs)),
-      vocab_size=vocab_size,
-      t_min=self.t_min,
-      antithetic=self.antithetic,
-      loss_type=self.loss_type,
+      **self.scheduled_kwargs(vocab_size),
       block_size=sizes[-1] if sizes else self.block_size,
       clip=(self.clip_low, self.clip_high),
     )

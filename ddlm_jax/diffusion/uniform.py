@@ -33,9 +33,13 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from ddlm_jax.diffusion.base import DiffusionProcess, ProcessConfig
+from ddlm_jax.diffusion.base import (
+  DiffusionProcess,
+  ProcessConfig,
+  ScheduledConfig,
+)
 from ddlm_jax.diffusion.masked import LOSS_TYPES, antithetic_uniform
-from ddlm_jax.diffusion.schedules import Schedule, get_schedule
+from ddlm_jax.diffusion.schedules import Schedule
 
 PARAMETERIZATIONS = ('denoiser', 'loo')
 
@@ -464,30 +468,18 @@ class UniformDiffusion(PluginNELBO):
 
 
 @dataclasses.dataclass(frozen=True)
-class PluginConfig(ProcessConfig):
-  """Settings the uniform-state and interpolating families share.
+class PluginConfig(ScheduledConfig):
+  """Settings the uniform-state and interpolating families add: num_steps
+  (0 = continuous-time NELBO, T = T-step) and parameterization (what the
+  network outputs: 'denoiser' | 'loo')."""
 
-  schedule (+ schedule_kwargs), num_steps (0 = continuous-time NELBO),
-  t_min, antithetic, loss_type ('elbo' | 'simple_ce') and
-  parameterization (what the network outputs: 'denoiser' | 'loo').
-  """
-
-  schedule: str = 'loglinear'
-  schedule_kwargs: dict = dataclasses.field(default_factory=dict)
   num_steps: int = 0
-  t_min: float = 1e-3
-  antithetic: bool = True
-  loss_type: str = 'elbo'
   parameterization: str = 'denoiser'
 
   def process_kwargs(self, vocab_size: int) -> dict:
     return dict(
-      schedule=get_schedule(self.schedule, **dict(self.schedule_kwargs)),
-      vocab_size=vocab_size,
+      self.scheduled_kwargs(vocab_size),
       num_steps=self.num_steps,
-      t_min=self.t_min,
-      antithetic=self.antithetic,
-      loss_type=self.loss_type,
       parameterization=self.parameterization,
     )
 
