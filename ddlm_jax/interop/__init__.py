@@ -1,0 +1,1 @@
+"""Converters between published checkpoint layouts and ddlm_jax parameters."""
