@@ -45,9 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ddlm_jax.errors import ConfigError
 from ddlm_jax.models.layers import Dense, param
 from ddlm_jax.models.moe import Experts, TopKRouter, gelu_tanh, rms_normalize
-from ddlm_jax.training.config import ConfigError
 
 SLIDING, FULL = 'sliding_attention', 'full_attention'
 ROPE_TYPES = ('default', 'proportional')

@@ -13,6 +13,7 @@ import dataclasses
 import math
 
 from ddlm_jax.diffusion.base import default_block, switch_block
+from ddlm_jax.errors import ConfigError  # noqa: F401  (re-exported)
 
 
 def apply_overrides(config, dotted: dict | None, *, create_blocks=False):
@@ -46,10 +47,6 @@ def apply_overrides(config, dotted: dict | None, *, create_blocks=False):
 
 def _as_dict(block) -> dict:
   return block.to_dict() if hasattr(block, 'to_dict') else dict(block)
-
-
-class ConfigError(ValueError):
-  """A config value outside its allowed range; names the key and the fix."""
 
 
 def check_range(
