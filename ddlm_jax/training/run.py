@@ -11,7 +11,6 @@ gen-ppl scorer), sampled or warm-started from without their config file.
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
@@ -36,6 +35,7 @@ from ddlm_jax.training.config import (
   trainer_config,
   warmup_steps,
 )
+from ddlm_jax.training.faults import CorruptFileError, read_json
 from ddlm_jax.training.metrics import write_json
 from ddlm_jax.training.state import (
   count_params,
@@ -209,9 +209,12 @@ class Run:
   @property
   def checkpointer(self) -> Checkpointer:
     if self._checkpointer is None:
+      # A reader: training writes through fit's own Checkpointer, under
+      # the workdir's lock; this one creates, moves and deletes nothing.
       self._checkpointer = Checkpointer(
         os.path.join(self.workdir, 'checkpoints'),
         max_to_keep=self.trainer_config.max_checkpoints,
+        read_only=True,
       )
     return self._checkpointer
 
@@ -234,6 +237,8 @@ class Run:
     """Restores the newest checkpoint if any; returns its step (or 0)."""
     found = fit.restore_latest(self.checkpointer, self.state, self.shardings)
     if found is None:
+      if self.checkpointer.unreadable:
+        raise self.checkpointer.all_corrupt_error()
       return 0
     self.state, _, step = found
     print(f'Resumed from checkpoint step {step} in {self.workdir}', flush=True)
@@ -418,8 +423,10 @@ def load_config(workdir: str, overrides: dict | None = None):
       f'{path} not found: {workdir} is not a run directory (train it with '
       'python -m experiments.run first).'
     )
-  with open(path) as f:
-    config = ml_collections.ConfigDict(migrate_config(json.load(f)))
+  saved = read_json(path, 'the config of the run')
+  if not isinstance(saved, dict):
+    raise CorruptFileError(f'{path} does not hold a config (not an object).')
+  config = ml_collections.ConfigDict(migrate_config(saved))
   check_renamed_keys(config, overrides)
   apply_overrides(config, overrides, create_blocks=True)
   if 'mesh' in config and 'shape' in config.mesh:
