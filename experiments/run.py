@@ -27,6 +27,7 @@ from ml_collections import config_flags
 
 from ddlm_jax.parallel import initialize_distributed, keep_freed_memory
 from ddlm_jax.training import faults
+from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
 from experiments.flag_errors import parse_flags, wants_traceback
 from experiments.modes import check_mode, run, saved_config
@@ -64,11 +65,11 @@ def _config_flag_error(config):
   path = flags.FLAGS['config'].config_filename
   err = object.__getattribute__(config, '_error')
   if 'No such file' in str(err) or not os.path.exists(path.split(':')[0]):
-    return faults.CorruptFileError(
+    return ConfigError(
       f'--config={path}: no such config file; give a file of '
       'experiments/configs/ (e.g. experiments/configs/quickstart.py:smoke).'
     )
-  return faults.CorruptFileError(
+  return ConfigError(
     f'--config={path}: {faults.one_line(str(err).splitlines()[-1])}'
   )
 

@@ -52,6 +52,15 @@ _WRITE_ERRNOS = {
 }
 
 
+_WRITE_FIX = {
+  errno.ENOSPC: 'free space on that disk (or pass another --workdir)',
+  errno.EDQUOT: 'free space on that disk (or pass another --workdir)',
+  errno.EACCES: 'make it writable or pass another --workdir',
+  errno.EEXIST: 'pass a --workdir that is a directory or a new path',
+  errno.ENOTDIR: 'pass a --workdir that is a directory or a new path',
+}
+
+
 def os_error_reason(err: BaseException) -> str | None:
   """'the disk is full' etc. for an OSError anywhere in err's chain."""
   seen = set()
@@ -105,8 +114,9 @@ def explain(err: BaseException) -> tuple[int, str] | None:
     where = err.filename or ''
     if reason is not None:
       return WRITE_FAILED, (
-        f'cannot write {where}: {reason}. Nothing was lost; free space or '
-        'fix the permissions (or pass another --workdir), then run again.'
+        f'cannot write {where}: {reason}. Nothing was written there; '
+        f'{_WRITE_FIX.get(err.errno, _WRITE_FIX[errno.EACCES])}, then run '
+        'again.'
       )
     if isinstance(err, FileNotFoundError):
       return NO_INPUT, one_line(f'{name}: {err}')

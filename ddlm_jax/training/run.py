@@ -132,7 +132,50 @@ def check_sample_config(
     check_time_free(sampler, time_conditioning)
   except (ValueError, TypeError) as err:
     raise ConfigError(f'sample.sampler: {err}') from None
+  light = sample.get('light_workdir', '')
+  if num and getattr(sampler, 'num_models', 1) == 2:
+    if not light:
+      raise ConfigError(
+        f'sample.sampler={sample.get("sampler")!r} runs a heavy and a light '
+        'network: set --config.sample.light_workdir to the run directory '
+        'of a trained light network.'
+      )
+    if not os.path.exists(os.path.join(light, 'config.json')):
+      raise ConfigError(
+        f'sample.light_workdir={light!r} is not a run directory (no '
+        'config.json): train the light network first.'
+      )
   return sampler if num else None
+
+
+def check_prompt(prefix: str, tokenizer, seq_len: int, key='sample.prefix'):
+  """The token ids of a text prompt, refused if the tokenizer cannot hold
+  it or it leaves no position of data.seq_len to generate.
+
+  A character the tokenizer does not know (a non-ASCII letter for a text8
+  character vocabulary) would be replaced silently; it is named instead.
+  """
+  bad = []
+  for ch in dict.fromkeys(prefix):
+    try:
+      ok = tokenizer.decode(tokenizer.encode(ch)) == ch
+    except (ValueError, KeyError):
+      ok = False
+    if not ok:
+      bad.append(f'{ch!r} (U+{ord(ch):04X})')
+  if bad:
+    raise ConfigError(
+      f'{key}: the tokenizer cannot represent {", ".join(bad[:8])}'
+      + (f' and {len(bad) - 8} more' if len(bad) > 8 else '')
+      + '; remove or replace those characters.'
+    )
+  ids = np.asarray(tokenizer.encode(prefix), np.int32)
+  if ids.size >= seq_len:
+    raise ConfigError(
+      f'{key} is {ids.size} tokens, which leaves none of the '
+      f'data.seq_len={seq_len} positions to generate; shorten it.'
+    )
+  return ids
 
 
 def _check_eval_config(ev):
@@ -178,6 +221,10 @@ class Run:
       config.process, self.data.tokenizer.vocab_size, soft_mask
     )
     self.eos_id = tokenizer_eos_id(self.data.tokenizer)
+    if config.sample.get('prefix', '') and config.sample.num_samples:
+      check_prompt(
+        config.sample.prefix, self.data.tokenizer, config.data.seq_len
+      )
     if self.sampler is not None:  # Again, with the tokenizer's own EOS id.
       self.sampler = check_sample_config(
         config.sample,
