@@ -345,7 +345,13 @@ class Checkpointer:
       return  # A reader creates nothing: no directory, no checkpoints.
     _use_coordination_barriers()
     if self.read_only:
-      options = ocp.CheckpointManagerOptions(read_only=True, create=False)
+      options = ocp.CheckpointManagerOptions(
+        read_only=True,
+        create=False,
+        save_interval_steps=0,
+        max_to_keep=None,
+        cleanup_tmp_directories=False,
+      )
     else:
       options = ocp.CheckpointManagerOptions(
         max_to_keep=self._max_to_keep,
@@ -355,15 +361,22 @@ class Checkpointer:
         async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         create=True,
       )
-    self.manager = ocp.CheckpointManager(
-      self.directory,
-      options=options,
-      item_handlers={
-        'state': ocp.PyTreeCheckpointHandler(),
-        'data': ocp.JsonCheckpointHandler(),
-        'meta': ocp.JsonCheckpointHandler(),
-      },
-    )
+    absl_log = logging.getLogger('absl')
+    level = absl_log.level
+    if self.read_only:  # orbax warns that a reader's directory is read-only.
+      absl_log.setLevel(logging.ERROR)
+    try:
+      self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=options,
+        item_handlers={
+          'state': ocp.PyTreeCheckpointHandler(),
+          'data': ocp.JsonCheckpointHandler(),
+          'meta': ocp.JsonCheckpointHandler(),
+        },
+      )
+    finally:
+      absl_log.setLevel(level)
 
   def all_steps(self) -> list[int]:
     return [] if self.manager is None else sorted(self.manager.all_steps())

@@ -215,6 +215,7 @@ class Run:
       config.sample, stand_in, config.model.get('time_conditioning', False)
     )
     if self.init_from:
+      load_config(self.init_from)  # Its config.json parses (or is named).
       warm_start.copy_tokenizer(self.init_from, workdir)
     self.data = builders.prepare_data(config.data, workdir)
     self.process = builders.build_process(
