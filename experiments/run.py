@@ -18,6 +18,7 @@ Every other fault ends with one line on stderr and its own exit code
 --mode=eval|sample need only --workdir (its config.json is the config).
 """
 
+import logging as std_logging
 import os
 import sys
 import threading
@@ -88,6 +89,35 @@ def _quiet_thread_errors():
   threading.excepthook = hook
 
 
+class _OneLineLogs(std_logging.Filter):
+  """Log records without their tracebacks, cut to their first line.
+
+  orbax logs a failed background save at ERROR with the traceback of
+  every failed write (hundreds of lines for a full disk); the run reports
+  the fault itself in one line, so orbax's own records are dropped.
+  --debug keeps them all.
+  """
+
+  def filter(self, record):
+    if '/orbax/' in record.pathname and record.levelno < std_logging.CRITICAL:
+      return False  # Its failures reach the run as one-line errors.
+    if record.exc_info or record.exc_text:
+      record.exc_info, record.exc_text = None, None
+    message = record.getMessage()
+    if '\n' in message:
+      record.msg, record.args = message.splitlines()[0][:300], None
+    return True
+
+
+def _quiet_logs():
+  one_line = _OneLineLogs()
+  for name in ('', 'absl'):
+    logger = std_logging.getLogger(name)
+    logger.addFilter(one_line)
+    for handler in logger.handlers:
+      handler.addFilter(one_line)
+
+
 def main(argv):
   debug = (
     _DEBUG.value or wants_traceback(argv) or flags.FLAGS['verbosity'].present
@@ -96,6 +126,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO.
   if not debug:
     _quiet_thread_errors()
+    _quiet_logs()
   workdir, mode = _WORKDIR.value, _MODE.value
   try:
     config = _CONFIG.value
@@ -111,7 +142,7 @@ def main(argv):
       config, workdir, mode, _SPLIT.value, allow_fresh_start=_FRESH.value
     )
   except Exception as err:  # noqa: BLE001 - faults get one line, bugs raise.
-    answer = faults.explain(err)
+    answer = faults.explain(err, workdir)
     if debug or answer is None:
       raise
     code, line = answer

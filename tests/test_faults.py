@@ -455,3 +455,42 @@ def test_cli_disk_full_mid_run_then_workdir_only_modes(tmp_path):
   assert json.loads((tmp_path / 'eval_validation.json').read_text())['step']
   sa = _cli(f'--workdir={tmp_path}', '--mode=sample')
   assert sa.returncode == 0, sa.stderr[-3000:]
+
+
+def _mount_tmpfs(path, size: str) -> bool:
+  path.mkdir(exist_ok=True)
+  try:
+    out = subprocess.run(
+      ['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(path)],
+      capture_output=True,
+      timeout=30,
+    )
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+  return out.returncode == 0
+
+
+@pytest.mark.slow
+def test_cli_a_really_full_disk_is_one_line_and_resumes(tmp_path):
+  """A small tmpfs fills during a background save (needs mount rights)."""
+  small = tmp_path / 'small'
+  if not _mount_tmpfs(small, '500k'):
+    pytest.skip('cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)')
+  try:
+    args = [
+      '--config=experiments/configs/quickstart.py:smoke',
+      f'--workdir={small / "run"}',
+      '--config.train.checkpoint_every=2',
+    ]
+    out = _cli(*args)
+    assert out.returncode == faults.WRITE_FAILED, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    # The fault's line, at most preceded by a writer thread's one line.
+    assert len(lines) <= 3 and 'Traceback' not in out.stderr, out.stderr
+    assert 'The disk is full' in lines[-1] and 'newest kept:' in lines[-1]
+    subprocess.run(['mount', '-o', 'remount,size=16M', str(small)], check=True)
+    done = _cli(*args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert 'resumed from step' in done.stdout
+  finally:
+    subprocess.run(['umount', str(small)], capture_output=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 
 # Exit codes (sysexits.h where one fits). Distinct per class of fault.
 OK = 0
@@ -61,13 +62,24 @@ _WRITE_FIX = {
 }
 
 
+# The same faults as tensorstore (orbax's array writer) words them: its
+# errors are ValueErrors whose text carries the OS message.
+_WRITE_TEXTS = {
+  os.strerror(code): reason for code, reason in _WRITE_ERRNOS.items()
+}
+
+
 def os_error_reason(err: BaseException) -> str | None:
-  """'the disk is full' etc. for an OSError anywhere in err's chain."""
+  """'the disk is full' etc. for a write fault anywhere in err's chain."""
   seen = set()
   while err is not None and id(err) not in seen:
     seen.add(id(err))
     if isinstance(err, OSError) and err.errno in _WRITE_ERRNOS:
       return _WRITE_ERRNOS[err.errno]
+    text = str(err)
+    for words, reason in _WRITE_TEXTS.items():
+      if words in text:
+        return reason
     err = err.__cause__ or err.__context__
   return None
 
@@ -88,8 +100,13 @@ def one_line(text: str) -> str:
   return ' '.join(str(text).split())
 
 
-def explain(err: BaseException) -> tuple[int, str] | None:
-  """(exit code, one-line message) of a fault, or None for a bug."""
+def explain(
+  err: BaseException, workdir: str | None = None
+) -> tuple[int, str] | None:
+  """(exit code, one-line message) of a fault, or None for a bug.
+
+  workdir: named as the place of a write error that names no file.
+  """
   from ddlm_jax.training.checkpoint import (
     CheckpointSaveError,
     NoCheckpointError,
@@ -111,7 +128,7 @@ def explain(err: BaseException) -> tuple[int, str] | None:
     return DIVERGED, one_line(err)
   if isinstance(err, OSError):
     reason = os_error_reason(err)
-    where = err.filename or ''
+    where = err.filename or (f'in {workdir}' if workdir else 'a file')
     if reason is not None:
       return WRITE_FAILED, (
         f'cannot write {where}: {reason}. Nothing was written there; '
