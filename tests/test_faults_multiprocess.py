@@ -135,7 +135,7 @@ def test_a_killed_process_stops_the_other_and_both_resume(tmp_path, victim):
     assert 'coordination' in out.lower(), out[-3000:]
   assert 'another task died' in out
   newest = _steps(workdir)[-1]
-  assert newest >= 60
+  assert newest >= 40  # The save at step 60 may have been cut short.
   # Both again, same command: they resume from the newest complete step.
   procs, logs = _start(
     workdir, tmp_path, 'again', '--config.train.halt_after_steps=4'

@@ -21,13 +21,15 @@ DIVERGED = 1  # Non-finite loss/params; the last finite checkpoint is kept.
 BAD_INPUT = 2  # Flags, config, prompt, mode: refused before compute.
 CORRUPT_FILES = 65  # EX_DATAERR: unreadable checkpoints, config, tokenizer.
 NO_INPUT = 66  # EX_NOINPUT: nothing to read (no checkpoint, no run dir).
-LOST_PROCESS = 69  # EX_UNAVAILABLE: a peer of a multi-process run died.
 WORKDIR_IN_USE = 73  # Another live run holds the workdir's lock.
 WRITE_FAILED = 74  # EX_IOERR: disk full, directory unwritable or a file.
 PREEMPTED = 75  # EX_TEMPFAIL: SIGTERM/SIGINT; a checkpoint was saved.
+# A process of a multi-process run died: JAX's distributed runtime aborts
+# the others (SIGABRT; a shell sees 128 + 6) with a message naming it.
+LOST_PROCESS = 134
 
 # Codes a retry loop restarts on (the run resumes from its checkpoint).
-RETRYABLE = (LOST_PROCESS, PREEMPTED)
+RETRYABLE = (PREEMPTED, LOST_PROCESS)
 
 
 class CorruptFileError(ValueError):
@@ -36,10 +38,6 @@ class CorruptFileError(ValueError):
 
 class AllCheckpointsCorruptError(ValueError):
   """Checkpoints exist but none can be restored; no silent fresh start."""
-
-
-class LostProcessError(RuntimeError):
-  """A process of a multi-process run stopped answering."""
 
 
 _WRITE_ERRNOS = {
@@ -122,8 +120,6 @@ def explain(
     return NO_INPUT, one_line(err)
   if isinstance(err, WorkdirLockedError):
     return WORKDIR_IN_USE, one_line(err)
-  if isinstance(err, LostProcessError):
-    return LOST_PROCESS, one_line(err)
   if isinstance(err, FloatingPointError):
     return DIVERGED, one_line(err)
   if isinstance(err, OSError):
