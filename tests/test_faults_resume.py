@@ -49,6 +49,9 @@ def _same_records(got: dict, ref: dict):
   for key in shared:
     assert got[key].keys() == ref[key].keys(), key
     for name, value in ref[key].items():
+      if not isinstance(value, (int, float, list)):
+        assert got[key][name] == value, (key, name)
+        continue
       np.testing.assert_allclose(
         got[key][name], value, rtol=1e-6, atol=1e-7, err_msg=f'{key} {name}'
       )
@@ -117,6 +120,9 @@ def test_state_tracking_resume_reproduces_state_and_metrics(tmp_path):
   def config(halt=0):
     c = state_tracking.get_config('pdssm,parity,smoke')
     c.train.num_steps = 6
+    # Train records are window means since the last log: halting on a log
+    # step keeps the windows of both runs the same.
+    c.train.log_every = 3
     c.train.halt_after_steps = halt
     return c
 
