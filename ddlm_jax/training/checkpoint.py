@@ -418,11 +418,9 @@ class Checkpointer:
     kept = f'step {previous[-1]}' if previous else 'none'
     first = str(err).splitlines()[0][:300] if str(err) else ''
     reason = os_error_reason(err)
-    what = (
-      reason[0].upper() + reason[1:]
-      if reason
-      else f'{type(err).__name__}: {first}'
-    )
+    what = f'{type(err).__name__}: {first[:160]}'
+    if reason:
+      what = f'{reason[0].upper() + reason[1:]} ({what})'
     return CheckpointSaveError(
       f'Saving checkpoint step {step} to {self.directory} failed ({when}): '
       f'{what}. Earlier checkpoints are untouched (newest kept: {kept}). '
