@@ -494,3 +494,19 @@ def test_cli_a_really_full_disk_is_one_line_and_resumes(tmp_path):
     assert 'resumed from step' in done.stdout
   finally:
     subprocess.run(['umount', str(small)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_state_tracking_eval_needs_only_the_workdir(tmp_path):
+  from experiments.configs import state_tracking
+
+  c = state_tracking.get_config('pdssm,parity,smoke')
+  c.train.num_steps = 2
+  workdir = str(tmp_path / 'st')
+  modes.run(c, workdir, 'train')
+  saved = modes.saved_config(workdir, 'eval')
+  assert saved.kind == 'state_tracking'
+  out = modes.run(saved, workdir, 'eval')
+  assert out['step'] == 2 and 0.0 <= out['accuracy'] <= 1.0
+  with pytest.raises(ConfigError, match='--mode=train needs --config'):
+    modes.saved_config(workdir, 'train')
