@@ -12,6 +12,7 @@ from ddlm_jax.planning.trainer import run_planner_executor
 from ddlm_jax.training import classification, loop
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.faults import read_json
+from ddlm_jax.training.run import load_config
 
 MODES = {
   'lm': ('train', 'eval', 'sample'),
@@ -52,13 +53,12 @@ def saved_config(workdir: str | None, mode: str):
       f'{path} not found: --mode={mode} without --config reads the config '
       'of a trained run; pass the workdir of one, or --config.'
     )
-  from ddlm_jax.training.run import load_config
-
-  if not isinstance(read_json(path, "the run's config"), dict):
+  saved = read_json(path, "the run's config")
+  if not isinstance(saved, dict):
     raise ConfigError(f'{path} does not hold a config (not a JSON object).')
-  if read_json(path).get('kind', 'lm') == 'lm':
+  if saved.get('kind', 'lm') == 'lm':
     return load_config(workdir)  # Keys renamed since the run are moved.
-  config = ml_collections.ConfigDict(read_json(path))
+  config = ml_collections.ConfigDict(saved)
   if 'mesh' in config and 'shape' in config.mesh:
     config.mesh.shape = tuple(config.mesh.shape)
   return config
