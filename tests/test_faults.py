@@ -510,3 +510,20 @@ def test_state_tracking_eval_needs_only_the_workdir(tmp_path):
   assert out['step'] == 2 and 0.0 <= out['accuracy'] <= 1.0
   with pytest.raises(ConfigError, match='--mode=train needs --config'):
     modes.saved_config(workdir, 'train')
+
+
+def test_exit_codes_are_distinct_and_documented():
+  codes = {
+    name: getattr(faults, name)
+    for name in dir(faults)
+    if name.isupper() and isinstance(getattr(faults, name), int)
+  }
+  assert len(set(codes.values())) == len(codes), codes
+  with open(os.path.join(ROOT, 'docs', 'FAULTS.md')) as f:
+    table = f.read()
+  for name, code in codes.items():
+    assert f'\n| {code} |' in table, (name, code)
+  assert fit.PREEMPTED_EXIT_CODE == faults.PREEMPTED
+  diverged = fit.TrainingDivergedError('non-finite at step 3')
+  assert faults.explain(diverged) == (faults.DIVERGED, 'non-finite at step 3')
+  assert faults.explain(KeyError('a bug')) is None  # Keeps its traceback.

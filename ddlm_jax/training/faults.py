@@ -17,7 +17,8 @@ import os
 
 # Exit codes (sysexits.h where one fits). Distinct per class of fault.
 OK = 0
-DIVERGED = 1  # Non-finite loss/params; the last finite checkpoint is kept.
+BUG = 1  # Any other exception: Python's own exit status, with traceback.
+DIVERGED = 3  # Non-finite loss/params; the last finite checkpoint is kept.
 BAD_INPUT = 2  # Flags, config, prompt, mode: refused before compute.
 CORRUPT_FILES = 65  # EX_DATAERR: unreadable checkpoints, config, tokenizer.
 NO_INPUT = 66  # EX_NOINPUT: nothing to read (no checkpoint, no run dir).
