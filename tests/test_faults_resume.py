@@ -6,7 +6,8 @@ same workdir. The resumed run must match the uninterrupted one in its
 final parameters (every leaf, bit for bit up to 1e-6 relative) and in its
 metrics records (every train and validation value at every step both
 logged; timing values excluded). The masked-diffusion family is covered by
-tests/test_training.py; these are the families and kinds it leaves out.
+tests/test_training.py; these are the families and kinds it leaves out,
+with every stage of the planner/executor pipeline.
 """
 
 import json
@@ -136,3 +137,39 @@ def test_state_tracking_resume_reproduces_state_and_metrics(tmp_path):
   ref = classification.restore_state(config(), full)
   _same_leaves(got.params, ref.params)
   _same_leaves(got.extra, ref.extra)
+
+
+@pytest.mark.slow
+def test_planner_stages_resume_reproduce_state_and_metrics(tmp_path):
+  """Every stage (planner, executor, projector) halts after 2 of its 3
+  steps; four starts finish the pipeline as one uninterrupted start."""
+  from ddlm_jax.planning.trainer import load_models, run_planner_executor
+  from experiments.configs import planner_executor
+
+  def config(halt=0):
+    c = planner_executor.get_config('latent,smoke')
+    c.train.halt_after_steps = halt
+    return c
+
+  full, part = tmp_path / 'full', tmp_path / 'part'
+  ref = run_planner_executor(config(), str(full))
+  stops = []
+  for _ in range(6):
+    got = run_planner_executor(config(halt=2), str(part))
+    if 'stage' not in got:
+      break
+    stops.append((got['stage'], got['steps']))
+  assert stops == [('planner', 2), ('text', 2), ('projector', 2)]
+  for key, value in ref.items():
+    timing = any(t in key for t in (*_TIMING, 'time')) or key.endswith('_s')
+    if isinstance(value, float) and not timing:
+      np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=key)
+  stages = sorted(
+    p.parent.relative_to(full) for p in full.rglob('metrics.jsonl')
+  )
+  assert len(stages) == 3, stages
+  for stage in stages:
+    _same_records(_records(part / stage), _records(full / stage))
+  _, params_got = load_models(config(), str(part / 'models'))
+  _, params_ref = load_models(config(), str(full / 'models'))
+  _same_leaves(params_got, params_ref)
