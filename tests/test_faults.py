@@ -31,7 +31,12 @@ from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.run import check_prompt, load_config
 from ddlm_jax.training.workdir_lock import WorkdirLock
 from experiments import modes
-from experiments.configs import ar_quickstart, quickstart
+from experiments.configs import (
+  ar_quickstart,
+  bd3_quickstart,
+  duo_quickstart,
+  quickstart,
+)
 from experiments.configs.common import override
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -306,11 +311,21 @@ def test_autoregressive_sampling_continues_the_prompt():
   assert int(nfe) == length - 3
 
 
+_PROMPTED = {
+  'ar': (ar_quickstart, 'smoke', {}),
+  'mdlm': (quickstart, 'smoke', {}),
+  'mdlm_eb': (quickstart, 'smoke', {'sample.sampler': 'eb:gamma=0.1'}),
+  'bd3': (bd3_quickstart, '16,smoke', {}),
+  'duo': (duo_quickstart, 'smoke', {}),
+  'interpolating': (duo_quickstart, 'interpolating,smoke', {}),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('family', ['ar', 'mdlm'])
+@pytest.mark.parametrize('family', sorted(_PROMPTED))
 def test_every_sampler_with_a_prompt_starts_with_it(tmp_path, family):
-  make = ar_quickstart if family == 'ar' else quickstart
-  c = make.get_config('smoke')
+  make, arg, overrides = _PROMPTED[family]
+  c = override(make.get_config(arg), overrides)
   c.mesh.shape = (1, 1, 1)
   c.train.num_steps = 2
   c.sample.prefix = 'the '
