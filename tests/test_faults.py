@@ -542,3 +542,29 @@ def test_exit_codes_are_distinct_and_documented():
   diverged = fit.TrainingDivergedError('non-finite at step 3')
   assert faults.explain(diverged) == (faults.DIVERGED, 'non-finite at step 3')
   assert faults.explain(KeyError('a bug')) is None  # Keeps its traceback.
+
+
+@pytest.mark.slow
+def test_cli_all_checkpoints_corrupt_exits_65_until_allowed(tmp_path):
+  args = [
+    '--config=experiments/configs/quickstart.py:smoke',
+    f'--workdir={tmp_path}',
+    '--config.sample.num_samples=0',
+  ]
+  assert _cli(*args).returncode == 0
+  ck = tmp_path / 'checkpoints'
+  for step in [p for p in ck.iterdir() if p.name.isdigit()]:
+    _garble(step)
+  out = _cli(*args)
+  assert out.returncode == faults.CORRUPT_FILES, out.stderr[-3000:]
+  # One warning line per checkpoint set aside, then the refusal.
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) <= 3 and 'Traceback' not in out.stderr, out.stderr
+  assert lines[-1].startswith('error: Every checkpoint') and (
+    '.corrupt' in lines[-1] and '--allow_fresh_start' in lines[-1]
+  )
+  assert not (tmp_path / 'summary.json').read_text().count('"start_step": 6')
+  fresh = _cli(*args, '--allow_fresh_start')
+  assert fresh.returncode == 0, fresh.stderr[-3000:]
+  assert 'training from step 0 as asked' in fresh.stdout
+  assert any('.corrupt' in p.name for p in ck.iterdir())  # Still kept.
