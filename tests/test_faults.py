@@ -568,3 +568,27 @@ def test_cli_all_checkpoints_corrupt_exits_65_until_allowed(tmp_path):
   assert fresh.returncode == 0, fresh.stderr[-3000:]
   assert 'training from step 0 as asked' in fresh.stdout
   assert any('.corrupt' in p.name for p in ck.iterdir())  # Still kept.
+
+
+_SIGTERM_IN_SAMPLING = """
+import os, signal, time
+import ddlm_jax.training.run as run_lib
+def _sample(*a, **kw):
+  os.kill(os.getpid(), signal.SIGTERM)
+  time.sleep(30)  # The signal must cut this short.
+  raise AssertionError('sampling went on after SIGTERM')
+run_lib.sample_and_score = _sample
+"""
+
+
+@pytest.mark.slow
+def test_cli_sigterm_during_final_sampling_exits_75_with_a_summary(tmp_path):
+  out = _cli(
+    '--config=experiments/configs/quickstart.py:smoke',
+    f'--workdir={tmp_path}',
+    patch=_SIGTERM_IN_SAMPLING,
+  )
+  assert out.returncode == faults.PREEMPTED, out.stderr[-3000:]
+  assert 'SIGTERM during the final evaluation/sampling' in out.stdout
+  summary = json.loads((tmp_path / 'summary.json').read_text())
+  assert summary['status'] == 'preempted' and summary['steps'] == 6
