@@ -160,6 +160,28 @@ def test_sigterm_in_the_final_phase_exits_preempted_with_a_summary(tmp_path):
   assert calls == [8, 8]
 
 
+def test_sigterm_during_the_last_save_keeps_it_and_skips_the_final_phase(
+  tmp_path, monkeypatch
+):
+  real_save = Checkpointer.save
+
+  def save(self, step, *a, **kw):
+    started = real_save(self, step, *a, **kw)
+    if step == 8:  # The final (forced) save: after the loop's last check.
+      os.kill(os.getpid(), signal.SIGTERM)
+    return started
+
+  monkeypatch.setattr(Checkpointer, 'save', save)
+  ran = []
+  task = _task(summary=lambda result: ran.append(1) or {})
+  out = fit.fit(task, _cfg(checkpoint_every=3), str(tmp_path))
+  assert out['status'] == 'preempted' and out['preempted_at_step'] == 8
+  assert ran == []  # The final phase was left for the restart.
+  ck = Checkpointer(str(tmp_path / 'checkpoints'))
+  assert ck.latest_step() == 8  # The last save completed.
+  ck.close()
+
+
 # ---------------------------------------------------------------- disk
 
 

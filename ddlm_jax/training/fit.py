@@ -505,9 +505,12 @@ def _fit(
       if early_step > 0:
         break
     train_seconds = time.perf_counter() - t_mark
-  if status == 'ok' and check_finite() and step != last_saved:
-    save(step, force=True)
-  ckpt.wait()
+    # The final save finishes even if a signal comes now (the flag is
+    # read below and the final evaluation/sampling is skipped).
+    if status == 'ok' and check_finite() and step != last_saved:
+      save(step, force=True)
+    ckpt.wait()
+  late_signal = interrupts.requested
   wall_total = wall_before + time.perf_counter() - wall0
   result = FitResult(
     state=state,
@@ -541,6 +544,8 @@ def _fit(
   }
   try:
     with _Interrupts(abort=True):
+      if late_signal is not None:
+        raise _PreemptedError(late_signal)
       summary.update(task.summary(result))
   except _PreemptedError as stop:
     # The final evaluation/sampling was cut short; the final checkpoint is
