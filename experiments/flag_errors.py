@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
 import sys
 
 from absl import flags
@@ -96,6 +97,32 @@ def apply_process_flags(config, found: dict) -> None:
       raise ValueError(f'--config.{key}={text}: {err}') from None
 
 
+def wants_traceback(argv) -> bool:
+  """--debug (or absl's --verbosity) asks for tracebacks, not one line."""
+  return any(
+    a.startswith(('--verbosity', '-v', '--debug')) and a != '--debug=false'
+    for a in argv[1:]
+  )
+
+
+def _without_traceback(message: str) -> str:
+  """A config file's own error out of ml-collections' parse message.
+
+  A config whose get_config raises (an unknown preset, `quickstart.py:smok`)
+  reaches absl as 'flag --config=...: Error whilst parsing config file:
+  Traceback ...' with the traceback inside; keep the flag and the last
+  line, the config's message ('unknown preset ...; choose one of ...').
+  """
+  if 'Traceback (most recent call last)' not in message:
+    return message
+  message = message.replace('\\n', '\n')
+  head = message.split(': Error whilst parsing config file', 1)[0]
+  head = head.removeprefix('flag ')
+  lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+  last = re.match(r'^[\w.]+(Error|Exception): (.*)$', lines[-1])
+  return f'{head}: {last.group(2) if last else lines[-1]}'
+
+
 def parse_flags(argv, flag_values=None):
   """absl's flag parsing, with a one-line error for a bad override.
 
@@ -116,22 +143,24 @@ def parse_flags(argv, flag_values=None):
       rest = flag_values(argv)
     finally:
       sys.argv = saved_argv
-    if process_flags and 'config' in flag_values:
-      apply_process_flags(flag_values['config'].value, process_flags)
+    config = flag_values['config'].value if 'config' in flag_values else None
+    if process_flags and config is not None:
+      apply_process_flags(config, process_flags)
     return rest
   except ValueError as err:
-    if any(a.startswith(('--verbosity', '-v')) for a in argv[1:]):
+    if wants_traceback(argv):
       raise
     print(f'error: bad flag: {err}', file=sys.stderr)
     sys.exit(2)
   except (AttributeError, KeyError, flags.Error) as err:
-    if any(a.startswith(('--verbosity', '-v')) for a in argv[1:]):
+    if wants_traceback(argv):
       raise
     renamed = renamed_flag(argv)
     if renamed:
       print(f'error: bad flag: {renamed}', file=sys.stderr)
       sys.exit(2)
     message = str(err.args[0] if err.args else err).strip('\'"')
+    message = _without_traceback(message)
     for escaped, plain in (('\\n', ' '), ('\n', ' '), ("\\'", "'")):
       message = message.replace(escaped, plain)
     print(f'error: bad flag: {message}', file=sys.stderr)

@@ -4,8 +4,15 @@ Kept apart from run.py (which defines absl flags at import) so tests and
 scripts can dispatch without flags.
 """
 
+import os
+
+import ml_collections
+
 from ddlm_jax.planning.trainer import run_planner_executor
 from ddlm_jax.training import classification, loop
+from ddlm_jax.training.config import ConfigError
+from ddlm_jax.training.faults import read_json
+from ddlm_jax.training.run import load_config
 
 MODES = {
   'lm': ('train', 'eval', 'sample'),
@@ -29,17 +36,60 @@ def check_mode(config, mode: str) -> str:
   return kind
 
 
-def run(config, workdir: str, mode: str = 'train', split: str = 'validation'):
-  """Runs `mode` for the config's kind; returns its summary or result."""
+def saved_config(workdir: str | None, mode: str):
+  """The config a run saved in workdir/config.json (for eval / sample).
+
+  A run is addressed by its workdir: the config it was trained with is
+  there. Training needs --config (a new run has no config.json yet).
+  """
+  if mode == 'train':
+    raise ConfigError(
+      '--mode=train needs --config (e.g. '
+      '--config=experiments/configs/quickstart.py:smoke).'
+    )
+  path = os.path.join(workdir or '', 'config.json')
+  if not workdir or not os.path.isfile(path):
+    raise FileNotFoundError(
+      f'{path} not found: --mode={mode} without --config reads the config '
+      'of a trained run; pass the workdir of one, or --config.'
+    )
+  saved = read_json(path, "the run's config")
+  if not isinstance(saved, dict):
+    raise ConfigError(f'{path} does not hold a config (not a JSON object).')
+  if saved.get('kind', 'lm') == 'lm':
+    return load_config(workdir)  # Keys renamed since the run are moved.
+  config = ml_collections.ConfigDict(saved)
+  if 'mesh' in config and 'shape' in config.mesh:
+    config.mesh.shape = tuple(config.mesh.shape)
+  return config
+
+
+def run(
+  config,
+  workdir: str,
+  mode: str = 'train',
+  split: str = 'validation',
+  *,
+  allow_fresh_start: bool = False,
+):
+  """Runs `mode` for the config's kind; returns its summary or result.
+
+  allow_fresh_start: train from step 0 although every checkpoint of the
+  workdir was set aside as unreadable (else that refuses).
+  """
   kind = check_mode(config, mode)
   if kind == 'state_tracking':
     if mode == 'eval':
       return classification.evaluate_checkpoint(config, workdir)
-    return classification.train_state_tracking(config, workdir)
+    return classification.train_state_tracking(
+      config, workdir, allow_fresh_start=allow_fresh_start
+    )
   if kind == 'planner_executor':
     return run_planner_executor(config, workdir, mode=mode)
   if mode == 'eval':
     return loop.evaluate_checkpoint(config, workdir, split)
   if mode == 'sample':
     return loop.sample_checkpoint(config, workdir)
-  return loop.train_and_evaluate(config, workdir)
+  return loop.train_and_evaluate(
+    config, workdir, allow_fresh_start=allow_fresh_start
+  )

@@ -448,7 +448,17 @@ def load_tokenizer(directory: str | pathlib.Path) -> Tokenizer:
     raise FileNotFoundError(
       f'No tokenizer file {path}; save one with tokenizer.save(directory).'
     )
-  config = json.loads(path.read_text(encoding='utf-8'))
+  try:
+    config = json.loads(path.read_text(encoding='utf-8'))
+  except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    from ddlm_jax.training.faults import CorruptFileError
+
+    raise CorruptFileError(
+      f'{path} is corrupt or truncated ({err}); delete {path.parent} to '
+      'rebuild the tokenizer from the data, or restore the file.'
+    ) from None
+  if not isinstance(config, dict):
+    config = {}
   kind = config.get('kind')
   if kind not in _KINDS:
     raise ValueError(

@@ -101,6 +101,7 @@ def draw_samples(
       temperature=cfg.temperature,
       top_k=cfg.top_k,
       top_p=cfg.top_p,
+      prefix_BxP=prompt_BxL,  # The AR run's prompt: token ids only.
     )
     name, steps = 'autoregressive', length
   else:
@@ -215,7 +216,9 @@ def sample_and_score(run, *, scorer=None, scorer_run=None, light_run=None):
   calls = -(-num // batch)
   prompt = None
   prefix = _cfg_get(cfg, 'prefix', '')
-  if prefix and not run.process.causal:
+  if prefix and run.process.causal:
+    prompt = run.data.tokenizer.encode(prefix)[None].repeat(batch, 0)
+  elif prefix:
     ids = run.data.tokenizer.encode(prefix)[None].repeat(batch, 0)
     prompt = prefix_prompt(
       ids, run.config.data.seq_len, generate_id(run.process)

@@ -125,6 +125,29 @@ def distributed_args(environ=None) -> dict | None:
   return args
 
 
+def _timeouts(environ=None) -> dict:
+  """jax.distributed's liveness timeouts, from DDLM_JAX_HEARTBEAT_TIMEOUT_S
+  and DDLM_JAX_SHUTDOWN_TIMEOUT_S when set (JAX's defaults otherwise).
+
+  A process that stops sending heartbeats (killed, its host lost) is
+  declared dead after the heartbeat timeout, and every other process then
+  stops with JAX's message naming it (docs/FAULTS.md); the shutdown timeout
+  bounds how long a finishing process waits for the others.
+  """
+  env = os.environ if environ is None else environ
+  out = {}
+  for var, arg in (
+    ('DDLM_JAX_HEARTBEAT_TIMEOUT_S', 'heartbeat_timeout_seconds'),
+    ('DDLM_JAX_SHUTDOWN_TIMEOUT_S', 'shutdown_timeout_seconds'),
+  ):
+    value = _env_int(env, var)
+    if value is not None:
+      if value < 1:
+        raise ValueError(f'{var}={value} must be >= 1 (seconds).')
+      out[arg] = value
+  return out
+
+
 def initialize_distributed(**kwargs) -> bool:
   """Starts jax.distributed on multi-process jobs; a no-op on one process.
 
@@ -140,5 +163,5 @@ def initialize_distributed(**kwargs) -> bool:
   args = distributed_args()
   if not kwargs and args is None:
     return False
-  jax.distributed.initialize(**{**(args or {}), **kwargs})
+  jax.distributed.initialize(**{**(args or {}), **_timeouts(), **kwargs})
   return jax.process_count() > 1

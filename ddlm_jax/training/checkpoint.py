@@ -17,7 +17,14 @@ leaf of the state, so a restore can decide from files, not from exceptions:
   `Checkpointer.last_restore_changes`;
 * the checkpoint cannot be read, or its values are not finite or do not match
   their fingerprints: it is moved aside to `<step>.corrupt` (then
-  `.corrupt.1`, ...; never overwritten) and the previous one is used.
+  `.corrupt.1`, ...; never overwritten) and the previous one is used. Only
+  a writer (the holder of the workdir's lock) moves anything: a reader
+  (`read_only=True`: --mode=eval|sample, load_run) skips an unreadable
+  checkpoint and leaves every file where it is.
+
+When checkpoints exist but none can be restored, training refuses to start
+from step 0 (`AllCheckpointsCorruptError`, see training.fit) unless a
+fresh start is asked for.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from ddlm_jax.training.faults import AllCheckpointsCorruptError, os_error_reason
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,21 @@ class IncompatibleCheckpointError(ValueError):
 
 class NoCheckpointError(FileNotFoundError):
   """A run directory without a checkpoint to restore."""
+
+
+def has_checkpoint(directory: str) -> bool:
+  """Whether `directory` holds a finished-looking checkpoint (<step>/).
+
+  Read from the listing alone, so a reader can refuse an empty workdir
+  before it builds (or writes) anything.
+  """
+  try:
+    names = os.listdir(directory)
+  except (FileNotFoundError, NotADirectoryError):
+    return False
+  return any(
+    n.isdigit() and os.path.isdir(os.path.join(directory, n)) for n in names
+  )
 
 
 def no_checkpoint(workdir: str) -> NoCheckpointError:
@@ -287,7 +311,14 @@ def _use_coordination_barriers():
 class Checkpointer:
   """Save/restore of (train state, iterator state) under workdir/checkpoints."""
 
-  def __init__(self, directory: str, *, max_to_keep: int = 3, async_=True):
+  def __init__(
+    self,
+    directory: str,
+    *,
+    max_to_keep: int = 3,
+    async_=True,
+    read_only: bool = False,
+  ):
     if (
       isinstance(max_to_keep, bool)
       or not isinstance(max_to_keep, int)
@@ -298,50 +329,102 @@ class Checkpointer:
         '; the newest checkpoint is always kept.'
       )
     self.directory = os.path.abspath(directory)
+    self.read_only = read_only
     self._async = async_
     self._max_to_keep = max_to_keep
     self._pending: int | None = None  # Step of a save not yet confirmed.
     # What the last restore_latest changed relative to the checkpoint.
     self.last_restore_changes: list[str] = []
+    # (step, why) of checkpoints the last restore_latest could not read.
+    self.unreadable: list[tuple[int, str]] = []
     self._open()
 
   def _open(self):
+    self.manager = None
+    if self.read_only and not os.path.isdir(self.directory):
+      return  # A reader creates nothing: no directory, no checkpoints.
     _use_coordination_barriers()
-    options = ocp.CheckpointManagerOptions(
-      max_to_keep=self._max_to_keep,
-      enable_async_checkpointing=self._async,
-      # Made in the foreground, so an unwritable directory fails the save
-      # at once instead of leaving writer threads waiting for it.
-      async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
-      create=True,
-    )
-    self.manager = ocp.CheckpointManager(
-      self.directory,
-      options=options,
-      item_handlers={
-        'state': ocp.PyTreeCheckpointHandler(),
-        'data': ocp.JsonCheckpointHandler(),
-        'meta': ocp.JsonCheckpointHandler(),
-      },
-    )
+    if self.read_only:
+      options = ocp.CheckpointManagerOptions(
+        read_only=True,
+        create=False,
+        save_interval_steps=0,
+        max_to_keep=None,
+        cleanup_tmp_directories=False,
+      )
+    else:
+      options = ocp.CheckpointManagerOptions(
+        max_to_keep=self._max_to_keep,
+        enable_async_checkpointing=self._async,
+        # Made in the foreground, so an unwritable directory fails the save
+        # at once instead of leaving writer threads waiting for it.
+        async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+        create=True,
+      )
+    absl_log = logging.getLogger('absl')
+    level = absl_log.level
+    if self.read_only:  # orbax warns that a reader's directory is read-only.
+      absl_log.setLevel(logging.ERROR)
+    try:
+      self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=options,
+        item_handlers={
+          'state': ocp.PyTreeCheckpointHandler(),
+          'data': ocp.JsonCheckpointHandler(),
+          'meta': ocp.JsonCheckpointHandler(),
+        },
+      )
+    finally:
+      absl_log.setLevel(level)
 
   def all_steps(self) -> list[int]:
-    return sorted(self.manager.all_steps())
+    return [] if self.manager is None else sorted(self.manager.all_steps())
 
   def latest_step(self) -> int | None:
-    return self.manager.latest_step()
+    return None if self.manager is None else self.manager.latest_step()
+
+  def set_aside(self) -> list[str]:
+    """Paths of checkpoints moved aside as unreadable (<step>.corrupt*)."""
+    if not os.path.isdir(self.directory):
+      return []
+    return sorted(
+      os.path.join(self.directory, name)
+      for name in os.listdir(self.directory)
+      if '.corrupt' in name and name.split('.', 1)[0].isdigit()
+    )
+
+  def all_corrupt_error(self) -> AllCheckpointsCorruptError:
+    """The refusal of a run whose checkpoints are all unreadable."""
+    paths = self.set_aside() or [
+      f'{self.directory}/{step}' for step, _ in self.unreadable
+    ]
+    shown = ', '.join(paths[:4]) + (
+      f' and {len(paths) - 4} more' if len(paths) > 4 else ''
+    )
+    return AllCheckpointsCorruptError(
+      f'Every checkpoint in {self.directory} is unreadable ({shown}); they '
+      'are kept, nothing was trained. Restore a good copy into '
+      f'{self.directory}, or pass --allow_fresh_start to train from step 0.'
+    )
 
   # --- saving ---------------------------------------------------------------
 
   def _save_error(self, err: Exception, step: int | None, when: str):
-    previous = [s for s in self.all_steps() if s != step]
+    try:
+      previous = [s for s in self.all_steps() if s != step]
+    except Exception:  # noqa: BLE001 - the directory may be unreadable too.
+      previous = []
     kept = f'step {previous[-1]}' if previous else 'none'
     first = str(err).splitlines()[0][:300] if str(err) else ''
+    reason = os_error_reason(err)
+    what = f'{type(err).__name__}: {first[:160]}'
+    if reason:
+      what = f'{reason[0].upper() + reason[1:]} ({what})'
     return CheckpointSaveError(
       f'Saving checkpoint step {step} to {self.directory} failed ({when}): '
-      f'{type(err).__name__}: {first}'
-      f'. Earlier checkpoints are untouched (newest: {kept}). Check that the '
-      'directory is writable and has free space, then restart to resume.'
+      f'{what}. Earlier checkpoints are untouched (newest kept: {kept}). '
+      'Free space or make the directory writable, then run again to resume.'
     )
 
   def _settle(self, when: str):
@@ -408,6 +491,8 @@ class Checkpointer:
     self._settle('in the background')
 
   def close(self):
+    if self.manager is None:
+      return
     try:
       self._settle('in the background')
     finally:
@@ -426,13 +511,25 @@ class Checkpointer:
     `self.last_restore_changes`.
     """
     self.last_restore_changes = []
+    self.unreadable = []
     for step in reversed(self.all_steps()):
       try:
         plan = self._plan(step, abstract_state, initial_state)
         restored, data = self._read(plan)
         self._verify(plan, restored)
       except _UnreadableError as err:
-        self._quarantine(step, err)
+        self.unreadable.append((step, str(err).splitlines()[0][:300]))
+        if self.read_only:
+          log.warning(
+            'Checkpoint step %d in %s is unreadable (%s); trying the '
+            'previous one. Nothing is moved: this process does not hold '
+            'the workdir (only a training run on it sets checkpoints aside).',
+            step,
+            self.directory,
+            self.unreadable[-1][1],
+          )
+        else:
+          self._quarantine(step, err)
         continue
       state = self._assemble(plan, restored, abstract_state, initial_state)
       for change in plan.changes:

@@ -511,7 +511,9 @@ def evaluate_checkpoint(config, workdir: str) -> dict:
   return out
 
 
-def train_state_tracking(config, workdir: str, *, eval_hook=None) -> dict:
+def train_state_tracking(
+  config, workdir: str, *, eval_hook=None, allow_fresh_start: bool = False
+) -> dict:
   """Trains and tests one (model, task, seed) run; returns the summary.
 
   Args:
@@ -519,6 +521,8 @@ def train_state_tracking(config, workdir: str, *, eval_hook=None) -> dict:
     workdir: output folder (created); an existing run there is resumed.
     eval_hook: optional (params, step) -> dict joined to every validation
       record (see ``state_tracking_task``).
+    allow_fresh_start: train from step 0 although every checkpoint is
+      unreadable (else AllCheckpointsCorruptError; see fit.fit).
 
   Returns:
     The summary dict also written to workdir/summary.json: test and best
@@ -529,6 +533,12 @@ def train_state_tracking(config, workdir: str, *, eval_hook=None) -> dict:
   task = state_tracking_task(config, eval_hook=eval_hook)
   cfg = trainer_config(config)
   try:
-    return fit(task, cfg, workdir, config_record=config.to_dict())
+    return fit(
+      task,
+      cfg,
+      workdir,
+      config_record=config.to_dict(),
+      allow_fresh_start=allow_fresh_start,
+    )
   except TrainingDivergedError as err:
     return err.summary

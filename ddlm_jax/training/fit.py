@@ -26,7 +26,11 @@ import numpy as np
 from ddlm_jax.parallel import batch_sharding, make_mesh
 from ddlm_jax.training import log_backends
 from ddlm_jax.training import metrics as metrics_lib
-from ddlm_jax.training.checkpoint import Checkpointer, no_checkpoint
+from ddlm_jax.training.checkpoint import (
+  Checkpointer,
+  has_checkpoint,
+  no_checkpoint,
+)
 from ddlm_jax.training.config import TrainerConfig
 from ddlm_jax.training.optimizer import make_optimizer
 from ddlm_jax.training.state import (
@@ -141,13 +145,23 @@ class FitResult:
     return eval_params(self.state, self.config.eval_uses_ema)
 
 
+class _PreemptedError(Exception):
+  """SIGTERM / SIGINT during the final evaluation and sampling."""
+
+
 class _Interrupts:
-  """SIGTERM and SIGINT become a flag the loop checks between steps."""
+  """SIGTERM and SIGINT become a flag the loop checks between steps.
+
+  `abort=True` (the final evaluation and sampling, after the last
+  checkpoint) raises _PreemptedError instead, so the phase stops at once and
+  the run still exits with PREEMPTED_EXIT_CODE; a restart redoes it.
+  """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-  def __init__(self):
+  def __init__(self, abort: bool = False):
     self.requested = None
+    self._abort = abort
     self._previous = {}
 
   def __enter__(self):
@@ -161,6 +175,8 @@ class _Interrupts:
   def _handle(self, signum, frame):
     del frame
     self.requested = signal.Signals(signum).name
+    if self._abort:
+      raise _PreemptedError(self.requested)
 
   def __exit__(self, *exc):
     for sig, previous in self._previous.items():
@@ -224,14 +240,20 @@ def restore_newest(task: Task, cfg: TrainerConfig, workdir: str):
   For --mode=eval and back-filling tools; raises NoCheckpointError if the
   run has no checkpoint.
   """
+  if not has_checkpoint(os.path.join(workdir, 'checkpoints')):
+    raise no_checkpoint(workdir)  # Before anything is built.
   state, shardings, _, _ = build_state(task, cfg, make_mesh(cfg.mesh_shape))
-  ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'))
+  # A reader: it creates nothing and sets nothing aside (a live run may
+  # hold the workdir).
+  ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'), read_only=True)
   try:
     found = restore_latest(ckpt, state, shardings)
   finally:
     ckpt.close()
   if found is None:
-    raise no_checkpoint(workdir)
+    raise (
+      ckpt.all_corrupt_error() if ckpt.unreadable else no_checkpoint(workdir)
+    )
   return found[0]
 
 
@@ -290,6 +312,7 @@ def fit(
   restore: Callable | None = None,
   built: tuple | None = None,
   locked: bool = False,
+  allow_fresh_start: bool = False,
 ) -> dict:
   """Trains `task` in `workdir` (resuming there); returns the summary.
 
@@ -303,6 +326,10 @@ def fit(
       caller has built them already (on `mesh`).
     locked: the caller holds the workdir's WorkdirLock already; else fit
       takes it (one writer per workdir) before anything is written.
+    allow_fresh_start: train from step 0 although every checkpoint of the
+      workdir is unreadable (set aside as <step>.corrupt); without it that
+      raises AllCheckpointsCorruptError, so hours of compute never restart
+      silently.
   """
   wall0 = time.perf_counter()
   # A log backend whose package is missing fails before anything is written.
@@ -317,18 +344,46 @@ def fit(
     )
     try:
       return _fit(
-        task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore
+        task,
+        cfg,
+        workdir,
+        mesh,
+        built,
+        ckpt,
+        wall0,
+        config_record,
+        restore,
+        allow_fresh_start,
       )
     finally:
       ckpt.close()
 
 
-def _fit(task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore):
+def _fit(
+  task,
+  cfg,
+  workdir,
+  mesh,
+  built,
+  ckpt,
+  wall0,
+  config_record,
+  restore,
+  allow_fresh_start=False,
+):
   """The body of fit, with the lock held and the checkpointer open."""
   state, shardings, tx, schedule = built
   is_main = jax.process_index() == 0
   found = restore_latest(ckpt, state, shardings)
   data_state = {}
+  if found is None and ckpt.set_aside():
+    if not allow_fresh_start:
+      raise ckpt.all_corrupt_error()
+    print(
+      f'{task.name}: every checkpoint was unreadable (kept as '
+      f'{", ".join(ckpt.set_aside())}); training from step 0 as asked.',
+      flush=True,
+    )
   if found is not None:
     state, data_state, start = found
     data_state = data_state or {}
@@ -456,9 +511,12 @@ def _fit(task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore):
       if early_step > 0:
         break
     train_seconds = time.perf_counter() - t_mark
-  if status == 'ok' and check_finite() and step != last_saved:
-    save(step, force=True)
-  ckpt.wait()
+    # The final save finishes even if a signal comes now (the flag is
+    # read below and the final evaluation/sampling is skipped).
+    if status == 'ok' and check_finite() and step != last_saved:
+      save(step, force=True)
+    ckpt.wait()
+  late_signal = interrupts.requested
   wall_total = wall_before + time.perf_counter() - wall0
   result = FitResult(
     state=state,
@@ -490,7 +548,20 @@ def _fit(task, cfg, workdir, mesh, built, ckpt, wall0, config_record, restore):
     'train_seconds': train_seconds,
     'train_tokens_per_sec': result.tokens_per_sec,
   }
-  summary.update(task.summary(result))
+  try:
+    with _Interrupts(abort=True):
+      if late_signal is not None:
+        raise _PreemptedError(late_signal)
+      summary.update(task.summary(result))
+  except _PreemptedError as stop:
+    # The final evaluation/sampling was cut short; the final checkpoint is
+    # saved, so a restart redoes only this phase.
+    print(
+      f'{stop.args[0]} during the final evaluation/sampling at step {step}: '
+      'the checkpoint is saved; exiting (run again to finish).',
+      flush=True,
+    )
+    summary.update(status='preempted', preempted_at_step=step)
   summary['wall_seconds'] = time.perf_counter() - wall0
   writer.close()
   if is_main:

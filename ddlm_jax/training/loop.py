@@ -18,18 +18,22 @@ import jax
 from ddlm_jax.data import zero_shot as zs_data
 from ddlm_jax.evaluation import zero_shot
 from ddlm_jax.training import fit, plots
-from ddlm_jax.training.checkpoint import no_checkpoint
+from ddlm_jax.training.checkpoint import has_checkpoint, no_checkpoint
 from ddlm_jax.training.fit import TrainingDivergedError
 from ddlm_jax.training.metrics import write_json
 from ddlm_jax.training.run import Run, load_run
 from ddlm_jax.training.workdir_lock import WorkdirLock
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
+def train_and_evaluate(
+  config, workdir: str, *, allow_fresh_start: bool = False
+) -> dict:
   """Trains, evaluates and samples; returns the summary dict.
 
   The workdir's lock is taken first: a second run on the same workdir
   fails at once, naming the owner, before either writes anything.
+  allow_fresh_start: train from step 0 although every checkpoint is
+  unreadable (else AllCheckpointsCorruptError; see fit.fit).
   """
   with WorkdirLock(workdir):
     run = Run(config, workdir)
@@ -43,6 +47,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
       restore=run.warm_start if run.init_from else None,
       built=(run.state, run.shardings, run.tx, run.lr_schedule),
       locked=True,
+      allow_fresh_start=allow_fresh_start,
     )
   if (
     jax.process_index() == 0
@@ -54,6 +59,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 
 def _restored(config, workdir: str) -> tuple[Run, int]:
+  """The run with its newest checkpoint, for a reader (eval, sample).
+
+  An empty workdir is refused before the Run is built, which would write
+  the tokenizer; the restore itself creates and moves nothing.
+  """
+  if not has_checkpoint(os.path.join(workdir, 'checkpoints')):
+    raise no_checkpoint(workdir)
   run = Run(config, workdir)
   step = run.restore()
   if step == 0 and run.checkpointer.latest_step() is None:

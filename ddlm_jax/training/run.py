@@ -11,7 +11,6 @@ gen-ppl scorer), sampled or warm-started from without their config file.
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
@@ -40,6 +39,7 @@ from ddlm_jax.training.config import (
   trainer_config,
   warmup_steps,
 )
+from ddlm_jax.training.faults import CorruptFileError, read_json
 from ddlm_jax.training.state import (
   count_params,
   eval_params,
@@ -135,7 +135,50 @@ def check_sample_config(
     check_time_free(sampler, time_conditioning)
   except (ValueError, TypeError) as err:
     raise ConfigError(f'sample.sampler: {err}') from None
+  light = sample.get('light_workdir', '')
+  if num and getattr(sampler, 'num_models', 1) == 2:
+    if not light:
+      raise ConfigError(
+        f'sample.sampler={sample.get("sampler")!r} runs a heavy and a light '
+        'network: set --config.sample.light_workdir to the run directory '
+        'of a trained light network.'
+      )
+    if not os.path.exists(os.path.join(light, 'config.json')):
+      raise ConfigError(
+        f'sample.light_workdir={light!r} is not a run directory (no '
+        'config.json): train the light network first.'
+      )
   return sampler if num else None
+
+
+def check_prompt(prefix: str, tokenizer, seq_len: int, key='sample.prefix'):
+  """The token ids of a text prompt, refused if the tokenizer cannot hold
+  it or it leaves no position of data.seq_len to generate.
+
+  A character the tokenizer does not know (a non-ASCII letter for a text8
+  character vocabulary) would be replaced silently; it is named instead.
+  """
+  bad = []
+  for ch in dict.fromkeys(prefix):
+    try:
+      ok = tokenizer.decode(tokenizer.encode(ch)) == ch
+    except (ValueError, KeyError):
+      ok = False
+    if not ok:
+      bad.append(f'{ch!r} (U+{ord(ch):04X})')
+  if bad:
+    raise ConfigError(
+      f'{key}: the tokenizer cannot represent {", ".join(bad[:8])}'
+      + (f' and {len(bad) - 8} more' if len(bad) > 8 else '')
+      + '; remove or replace those characters.'
+    )
+  ids = np.asarray(tokenizer.encode(prefix), np.int32)
+  if ids.size >= seq_len:
+    raise ConfigError(
+      f'{key} is {ids.size} tokens, which leaves none of the '
+      f'data.seq_len={seq_len} positions to generate; shorten it.'
+    )
+  return ids
 
 
 def _check_eval_config(ev):
@@ -176,12 +219,17 @@ class Run:
       config.sample, stand_in, config.model.get('time_conditioning', False)
     )
     if self.init_from:
+      load_config(self.init_from)  # Its config.json parses (or is named).
       warm_start.copy_tokenizer(self.init_from, workdir)
     self.data = builders.prepare_data(config.data, workdir)
     self.process = builders.make_process(
       self.process_settings, self.data.tokenizer.vocab_size, soft_mask
     )
     self.eos_id = tokenizer_eos_id(self.data.tokenizer)
+    if config.sample.get('prefix', '') and config.sample.num_samples:
+      check_prompt(
+        config.sample.prefix, self.data.tokenizer, config.data.seq_len
+      )
     if self.sampler is not None:  # Again, with the tokenizer's own EOS id.
       self.sampler = check_sample_config(
         config.sample,
@@ -213,9 +261,12 @@ class Run:
   @property
   def checkpointer(self) -> Checkpointer:
     if self._checkpointer is None:
+      # A reader: training writes through fit's own Checkpointer, under
+      # the workdir's lock; this one creates, moves and deletes nothing.
       self._checkpointer = Checkpointer(
         os.path.join(self.workdir, 'checkpoints'),
         max_to_keep=self.trainer_config.max_checkpoints,
+        read_only=True,
       )
     return self._checkpointer
 
@@ -238,6 +289,8 @@ class Run:
     """Restores the newest checkpoint if any; returns its step (or 0)."""
     found = fit.restore_latest(self.checkpointer, self.state, self.shardings)
     if found is None:
+      if self.checkpointer.unreadable:
+        raise self.checkpointer.all_corrupt_error()
       return 0
     self.state, _, step = found
     print(f'Resumed from checkpoint step {step} in {self.workdir}', flush=True)
@@ -422,8 +475,10 @@ def load_config(workdir: str, overrides: dict | None = None):
       f'{path} not found: {workdir} is not a run directory (train it with '
       'python -m experiments.run first).'
     )
-  with open(path) as f:
-    config = ml_collections.ConfigDict(migrate_config(json.load(f)))
+  saved = read_json(path, 'the config of the run')
+  if not isinstance(saved, dict):
+    raise CorruptFileError(f'{path} does not hold a config (not an object).')
+  config = ml_collections.ConfigDict(migrate_config(saved))
   check_renamed_keys(config, overrides)
   apply_overrides(config, overrides, create_blocks=True)
   if 'mesh' in config and 'shape' in config.mesh:
