@@ -59,6 +59,19 @@ def test_cache_round_trip(tmp_path):
   assert key != be.ResultCache.key('m', {'seed': 1}, ['a', 'b'])
 
 
+def test_model_args_win_over_command_line_defaults():
+  class Probe(be.DdlmJaxLM):
+    def __init__(self, **kwargs):
+      self.kwargs = kwargs
+
+  lm = Probe.create_from_arg_string(
+    'workdir=run,batch_size=3', {'batch_size': 1, 'device': None}
+  )
+  assert lm.kwargs == {'workdir': 'run', 'batch_size': 3}
+  lm = Probe.create_from_arg_string('workdir=run', {'batch_size': 2})
+  assert lm.kwargs == {'workdir': 'run', 'batch_size': 2}
+
+
 def test_missing_workdir_refused():
   with pytest.raises(ConfigError, match='workdir='):
     be.DdlmJaxLM()

@@ -63,6 +63,8 @@ from ddlm_jax import api
 from ddlm_jax.evaluation import estimators as est
 from ddlm_jax.training.config import ConfigError
 
+CHUNK_BATCHES = 64
+
 
 def _as_bool(value) -> bool:
   if isinstance(value, str):
@@ -179,6 +181,18 @@ class DdlmJaxLM(LM):
     self.last_stderrs: list[float] = []  # Of the last loglikelihood call.
     self._net = dict(graphdef=self.model.graphdef)
 
+  @classmethod
+  def create_from_arg_string(cls, arg_string, additional_config=None):
+    """As lm-eval's, but a key given in --model_args (batch_size) wins over
+    the command line's default instead of clashing with it."""
+    from lm_eval.utils import simple_parse_args_string
+
+    args = simple_parse_args_string(arg_string)
+    for key, value in (additional_config or {}).items():
+      if value is not None and key not in args:
+        args[key] = value
+    return cls(**args)
+
   # ------------------------------------------------------------ settings
 
   @property
@@ -231,11 +245,14 @@ class DdlmJaxLM(LM):
     keys = [ResultCache.key(method, fp, list(r)) for r in requests]
     out = [self.cache.get(k) for k in keys]
     todo = [i for i, v in enumerate(out) if v is None]
-    if todo:
-      fresh = compute([requests[i] for i in todo], disable)
-      for i, value in zip(todo, fresh):
+    # Written every CHUNK_BATCHES batches: an interrupted run resumes.
+    chunk = CHUNK_BATCHES * self.batch_size
+    for lo in range(0, len(todo), chunk):
+      part = todo[lo : lo + chunk]
+      fresh = compute([requests[i] for i in part], disable)
+      for i, value in zip(part, fresh):
         out[i] = value
-      self.cache.put_many({keys[i]: out[i] for i in todo})
+      self.cache.put_many({keys[i]: out[i] for i in part})
     return out
 
   # -------------------------------------------------------------- rows
