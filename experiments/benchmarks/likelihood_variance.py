@@ -19,8 +19,9 @@ once with a --reference-draw i.i.d. estimate. Reported per estimator
                            draws it needs to be as precise as 128 i.i.d.
 
 The conditional case (first half of the row kept, second half scored) is
-reported too, as lm-eval's loglikelihood computes it. Counts only, no
-timing: the figures do not depend on machine load.
+reported too, as lm-eval's loglikelihood computes it, and stratified
+times with one mask draw shared by all samples (`+shared_mask`). Spreads
+only, no timing: the figures do not depend on machine load.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def rows_of(model, count: int) -> np.ndarray:
   return rows[:count]
 
 
-def draws(model, x_BxL, loss_BxL, keep_BxL, key, samples, estimator):
+def draws(
+  model, x_BxL, loss_BxL, keep_BxL, key, samples, estimator, share=False
+):
   return np.asarray(
     est.bound_draws(
       model.params,
@@ -62,6 +65,7 @@ def draws(model, x_BxL, loss_BxL, keep_BxL, key, samples, estimator):
       process=model.process.evaluation_process,
       samples=samples,
       estimator=estimator,
+      share_across_samples=share,
     ),
     np.float64,
   )
@@ -75,15 +79,16 @@ def measure(model, x, loss, keep, *, repeats, reference, estimators):
   )
   ref_mean, ref_err = est.mean_and_stderr(ref_S, 'iid')
   out = {}
-  for name, samples in estimators:
+  for name, samples, share in estimators:
     means, errs = [], []
     for r in range(repeats):
-      y = draws(model, x, loss, keep, jax.random.fold_in(key, r), samples, name)
+      k = jax.random.fold_in(key, r)
+      y = draws(model, x, loss, keep, k, samples, name, share)
       m, e = est.mean_and_stderr(y, name)
       means.append(m)
       errs.append(e)
     means, errs = np.stack(means), np.stack(errs)
-    out[f'{name}@{samples}'] = {
+    out[f'{name}{"+shared_mask" if share else ""}@{samples}'] = {
       'stderr': float(means.std(0, ddof=1).mean()),
       'reported_stderr': float(errs.mean()),
       'bias': float((means.mean(0) - ref_mean).mean()),
@@ -120,9 +125,15 @@ def main(argv=None) -> dict:
     )
   x = rows_of(model, args.texts)
   length = x.shape[1]
-  kinds = [('iid', 128), ('iid', 16), ('stratified', 16), ('antithetic', 16)]
+  kinds = [
+    ('iid', 128, False),
+    ('iid', 16, False),
+    ('stratified', 16, False),
+    ('stratified', 16, True),  # One mask draw shared by the 16 samples.
+    ('antithetic', 16, False),
+  ]
   if not model.config.model.get('time_conditioning', False):
-    kinds.append(('counts', 16))
+    kinds.append(('counts', 16, False))
   full = np.ones(x.shape, np.float32)
   half = np.zeros(x.shape, np.float32)
   half[:, : length // 2] = 1.0
