@@ -22,7 +22,9 @@ What each request computes:
   continuation hidden (AR: teacher-forced) reproduces it.
 * `loglikelihood_rolling(text)`: the full bound of the text over rows of
   the model's length, framed as the run was trained, as
-  `ddlm_jax.load(...).score` and the zero-shot suite compute it.
+  `ddlm_jax.load(...).score` and the zero-shot suite compute it. (With
+  'counts' the padding after a text's last row stays masked, where the
+  suite masks it at random like the text: the same bound on whole rows.)
 * `generate_until(context, gen_kwargs)`: the run's samplers by spec string
   (`sampler=remdm:eta=0.02`, `steps=64`), each prompt kept at the start of
   its row; the text is cut at the first stop string or EOS and at
