@@ -217,10 +217,10 @@ def test_lm_eval_runs_the_local_tasks_end_to_end(runs, tmp_path, monkeypatch):
   monkeypatch.chdir(ROOT)  # The task files name their JSONL from the root.
   monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
   monkeypatch.setenv('HF_DATASETS_CACHE', str(tmp_path / 'hf'))
-  tasks = ['ddlm_local_mc', 'ddlm_local_ppl']
+  tasks = ['ddlm_local_mc', 'ddlm_local_ppl', 'ddlm_local_gen']
   scores = {}
   for kind in ('mdlm', 'ar'):
-    args = dict(workdir=runs[kind], samples=8, batch_size=4)
+    args = dict(workdir=runs[kind], samples=8, batch_size=4, steps=8)
     args['cache_path'] = str(tmp_path / f'{kind}.sqlite')
     for attempt in range(2):  # The second is answered from the cache.
       out = lm_eval.simple_evaluate(
@@ -235,6 +235,8 @@ def test_lm_eval_runs_the_local_tasks_end_to_end(runs, tmp_path, monkeypatch):
       assert 0.0 <= mc['acc,none'] <= 1.0
       assert math.isfinite(ppl['word_perplexity,none'])
       assert ppl['word_perplexity,none'] > 1.0
+      gens = [s['resps'][0][0] for s in out['samples']['ddlm_local_gen']]
+      assert len(gens) == 6 and not any('\n' in g or '.' in g for g in gens)
       if attempt:
         assert scores[kind] == (mc['acc,none'], ppl['bits_per_byte,none'])
       scores[kind] = (mc['acc,none'], ppl['bits_per_byte,none'])
