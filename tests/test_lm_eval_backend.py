@@ -70,6 +70,10 @@ def test_model_args_win_over_command_line_defaults():
   assert lm.kwargs == {'workdir': 'run', 'batch_size': 3}
   lm = Probe.create_from_arg_string('workdir=run', {'batch_size': 2})
   assert lm.kwargs == {'workdir': 'run', 'batch_size': 2}
+  lm = Probe.create_from_arg_obj(
+    {'workdir': 'r', 'batch_size': 5}, {'batch_size': 1}
+  )
+  assert lm.kwargs == {'workdir': 'r', 'batch_size': 5}
 
 
 def test_missing_workdir_refused():

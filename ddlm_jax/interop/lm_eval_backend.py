@@ -114,7 +114,6 @@ class ResultCache:
     self._db.commit()
 
 
-@register_model('ddlm_jax')
 class DdlmJaxLM(LM):
   """lm-eval's view of a ddlm_jax run (see the module docstring).
 
@@ -184,16 +183,23 @@ class DdlmJaxLM(LM):
     self._net = dict(graphdef=self.model.graphdef)
 
   @classmethod
-  def create_from_arg_string(cls, arg_string, additional_config=None):
+  def create_from_arg_obj(cls, arg_dict, additional_config=None):
     """As lm-eval's, but a key given in --model_args (batch_size) wins over
     the command line's default instead of clashing with it."""
-    from lm_eval.utils import simple_parse_args_string
-
-    args = simple_parse_args_string(arg_string)
+    args = dict(arg_dict)
     for key, value in (additional_config or {}).items():
       if value is not None and key not in args:
         args[key] = value
     return cls(**args)
+
+  @classmethod
+  def create_from_arg_string(cls, arg_string, additional_config=None):
+    """`create_from_arg_obj` of the parsed 'key=value,...' string."""
+    from lm_eval.utils import simple_parse_args_string
+
+    return cls.create_from_arg_obj(
+      simple_parse_args_string(arg_string), additional_config
+    )
 
   # ------------------------------------------------------------ settings
 
@@ -464,6 +470,10 @@ class DdlmJaxLM(LM):
     return self._cached('generate_until', items, self._generate, disable_tqdm)
 
 
+if __name__ != '__main__':  # Run as a script, main() imports the module.
+  register_model('ddlm_jax')(DdlmJaxLM)
+
+
 def cut_at_stops(text: str, until) -> str:
   """`text` up to the first of the stop strings `until` (str or list)."""
   if until is None:
@@ -535,7 +545,11 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-  main()
+  # Through the module's own name, so the registered class is the one
+  # `import ddlm_jax.interop.lm_eval_backend` gives.
+  import importlib
+
+  importlib.import_module('ddlm_jax.interop.lm_eval_backend').main()
 
 
 __all__ = ['DdlmJaxLM', 'ResultCache', 'cut_at_stops', 'main']
