@@ -1,0 +1,145 @@
+"""What a claim is: the paper, its number, the arms that test it, the rule.
+
+A claim is data, not prose: the paper (arXiv id, table), the number the
+paper reports, the arms that measure ours (an ``experiments.run`` config
+with overrides, the seeds), the metric, the comparison protocol and a
+verdict rule from ``verdict``. The verdict is never written here: it is
+computed from a record (``records``) by the claim's rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# The comparison protocols a claim can name (what makes two arms
+# comparable). A sample-quality claim uses MATCHED_ENTROPY unless it says
+# why not: lower entropy alone lowers generative perplexity.
+EQUAL_STEPS = 'equal steps'
+EQUAL_FLOPS = 'equal training FLOPs'
+MATCHED_ENTROPY = 'matched entropy by temperature sweep'
+EQUAL_NFE = 'equal NFE'
+NAMED_BASELINE = 'named baseline'
+TARGET = 'target value'
+PAPER_VALUE = "the paper's value"
+EXACT = 'exact test'
+PROTOCOLS = (
+  EQUAL_STEPS,
+  EQUAL_FLOPS,
+  MATCHED_ENTROPY,
+  EQUAL_NFE,
+  NAMED_BASELINE,
+  TARGET,
+  PAPER_VALUE,
+  EXACT,
+)
+
+# Kinds of seeds a record can carry. Only training seeds (or an exact
+# test) can make a claim about training 'reproduced'; sampling seeds of
+# one model and repeated timing rounds cannot.
+TRAINING = 'training'
+SAMPLING = 'sampling'
+ROUNDS = 'rounds'
+SEED_KINDS = (TRAINING, SAMPLING, ROUNDS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+  """One arm: a config of ``experiments.run`` and the keys it overrides.
+
+  ``config`` is the ``--config`` value (path and preset argument);
+  ``overrides`` are ``--config.KEY=VALUE`` pairs; ``init_from`` names
+  another arm whose run of the same seed this one starts from;
+  ``smoke_config`` replaces ``config`` at the test-only smoke budget when
+  appending the ``smoke`` preset does not give a valid argument.
+  """
+
+  name: str
+  config: str
+  overrides: tuple[tuple[str, Any], ...] = ()
+  init_from: str = ''
+  smoke_config: str = ''
+
+  def config_for(self, budget: str) -> str:
+    """The --config value at a budget ('smoke' adds the smoke preset)."""
+    if budget != 'smoke':
+      return self.config
+    if self.smoke_config:
+      return self.smoke_config
+    sep = ',' if ':' in self.config else ':'
+    return f'{self.config}{sep}smoke'
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One paper claim and how this suite checks it.
+
+  Attributes:
+    id: short stable name (``python -m experiments.reproduce ID``).
+    family: the evidence section of docs/RESULTS.md it belongs to.
+    paper: short title of the paper (or 'project target').
+    arxiv: arXiv id, '' for the project's own targets.
+    table: where in the paper the number is ('Table 2', 'Sec. 5', ...).
+    statement: the claim, in one sentence.
+    paper_value: the paper's number as the paper reports it.
+    metric: what is measured, with its unit.
+    protocol: one of ``PROTOCOLS``.
+    rule: a rule of ``verdict`` that turns a record into a verdict.
+    arms: the runs ``experiments.reproduce`` trains (empty: the claim is
+      measured by the command below, not by ``experiments.run`` arms).
+    metric_key: dotted key of the metric in each run's summary.json.
+    metric_scale: factor from the summary's value to the metric's unit.
+    seeds: the seeds a full reproduction runs.
+    command: the command that reproduces the measurement.
+    bound: the bound convention of likelihood numbers ('full', 'mdlm',
+      'exact NLL') or ''.
+    budget_fraction: our training budget over the paper's (sequences
+      seen, or model scale where that is what limits the claim); None
+      when the claim does not depend on a training budget.
+    budget_floor: below this fraction a result against the claim is
+      'inconclusive at this budget', not a miss.
+    cost_minutes: rough wall time of a full reproduction on 2 CPU cores.
+    accelerator: True for claims that only an accelerator run can settle.
+  """
+
+  id: str
+  family: str
+  paper: str
+  arxiv: str
+  table: str
+  statement: str
+  paper_value: str
+  metric: str
+  protocol: str
+  rule: Any
+  arms: tuple[Arm, ...] = ()
+  metric_key: str = 'validation.bits_per_token'
+  metric_scale: float = 1.0
+  seeds: tuple[int, ...] = (0, 1, 2)
+  command: str = ''
+  bound: str = ''
+  budget_fraction: float | None = None
+  budget_floor: float = 0.01
+  cost_minutes: float = 0.0
+  accelerator: bool = False
+
+  def __post_init__(self):
+    if self.protocol not in PROTOCOLS:
+      raise ValueError(
+        f'claim {self.id}: protocol {self.protocol!r} is not one of {PROTOCOLS}'
+      )
+    names = [a.name for a in self.arms]
+    if len(set(names)) != len(names):
+      raise ValueError(f'claim {self.id}: arm names repeat: {names}')
+    for arm in self.arms:
+      if arm.init_from and arm.init_from not in names:
+        raise ValueError(
+          f'claim {self.id}: arm {arm.name} starts from unknown arm '
+          f'{arm.init_from!r}'
+        )
+
+
+# Sample entropies (bits) closer than this count as matched: at this
+# corpus's scale ~0.24 bits of sharpening moves gen-ppl by ~11, so 0.02
+# bits is worth about one gen-ppl point, the sampling noise of 32 samples.
+ENTROPY_TOL = 0.02
