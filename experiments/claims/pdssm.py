@@ -29,6 +29,7 @@ def _st_arm(name, model, task, preset):
     name,
     f'{_ST}:{model},{task},{preset}',
     smoke_config=f'{_ST}:{model},{task},smoke',
+    paper_config=f'{_ST}:{model},{task}',
   )
 
 

@@ -51,7 +51,8 @@ class Arm:
   ``overrides`` are ``--config.KEY=VALUE`` pairs; ``init_from`` names
   another arm whose run of the same seed this one starts from;
   ``smoke_config`` replaces ``config`` at the test-only smoke budget when
-  appending the ``smoke`` preset does not give a valid argument.
+  appending the ``smoke`` preset does not give a valid argument, and
+  ``paper_config`` at the paper's budget.
   """
 
   name: str
@@ -59,9 +60,12 @@ class Arm:
   overrides: tuple[tuple[str, Any], ...] = ()
   init_from: str = ''
   smoke_config: str = ''
+  paper_config: str = ''
 
   def config_for(self, budget: str) -> str:
     """The --config value at a budget ('smoke' adds the smoke preset)."""
+    if budget == 'paper' and self.paper_config:
+      return self.paper_config
     if budget != 'smoke':
       return self.config
     if self.smoke_config:
