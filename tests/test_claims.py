@@ -133,6 +133,10 @@ def test_match_within_and_outside_the_spreads():
   tight = v.Match('m', 52.2, 0.4)
   assert v.judge(tight, _rec({'m': _arm([47.0, 48.0, 49.0])})).label == (v.MISS)
   assert v.judge(rule, _rec({'m': _arm([84])})).label == v.PARTIAL
+  # A wide spread makes any mean 'match': it is only partial.
+  lstm = v.Match('m', 100.0, 0.0)
+  got = v.judge(lstm, _rec({'m': _arm([49.4, 100.0, 48.2])}))
+  assert got.label == v.PARTIAL and 'spread' in got.reason
 
 
 def test_ordering_every_seed_means_only_and_wrong_order():

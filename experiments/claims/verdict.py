@@ -81,6 +81,9 @@ class Match:
   paper_sd: float = 0.0
   tol: float | None = None
   min_seeds: int = 3
+  # Our seeds may spread up to twice the paper's sd (or twice this floor,
+  # in the metric's unit) before the match stops counting as one.
+  spread_floor: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,8 +168,10 @@ def _single_se(arm: Mapping[str, Any]) -> float | None:
 
 
 def _few(n: int, need: int, kind: str) -> str:
+  if kind == 'sampling':
+    return 'sampling seeds of one model, not training seeds'
   if kind != 'training':
-    return f'{kind} seeds of one model, not training seeds'
+    return f'{kind}, not training seeds'
   return f'{n} training seed(s), {need} needed'
 
 
@@ -275,7 +280,7 @@ def match(rule: Match, record: Mapping[str, Any]) -> Verdict:
   sd = st.sd or 0.0
   tol = rule.tol
   if tol is None:
-    tol = 2 * math.sqrt(sd**2 + rule.paper_sd**2)
+    tol = 2 * math.sqrt((st.se or 0.0) ** 2 + rule.paper_sd**2)
   diff = st.mean - rule.paper_mean
   text = (
     f'ours {st.mean:.4g} +- {sd:.2g} vs paper {rule.paper_mean:g} +- '
@@ -283,6 +288,11 @@ def match(rule: Match, record: Mapping[str, Any]) -> Verdict:
   )
   if abs(diff) > tol:
     return Verdict(MISS, f'{text}: outside')
+  allowed = 2 * max(rule.paper_sd, rule.spread_floor)
+  if sd > allowed:
+    return Verdict(
+      PARTIAL, f'{text}: our seeds spread sd {sd:.3g} > {allowed:.3g}'
+    )
   n = _training_seeds(record, st)
   if n < rule.min_seeds:
     kind = record.get('seed_kind', 'training')
