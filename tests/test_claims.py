@@ -8,6 +8,7 @@ being exactly what ``experiments.results_doc`` generates.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -270,7 +271,7 @@ def test_list_shows_every_claim_with_a_verdict_and_a_cost():
     row = [ln for ln in lines if ln.split()[0] == claim_id]
     assert row, claim_id
     assert any(label in row[0] for label in v.VERDICTS), row[0]
-    assert 'min' in row[0] or 'h' in row[0]
+    assert re.search(r'~\d+(\.\d)? (min|h|d)\b', row[0]), row[0]
 
 
 def test_unknown_claim_and_bad_seeds_are_refused():
