@@ -14,7 +14,8 @@ Claims checked by an exact test run that test with pytest.
 
 Then the metric is read from each run's summary.json, the verdict computed
 by the claim's rule, and a JSON record written to RECORDS_DIR (commit,
-date, host: CPU model and flags, jax/flax versions; seeds; this command).
+date, host: CPU model and flags, jax/flax versions; seeds; this command;
+its wall time).
 ``--budget=smoke`` shrinks every arm to its ``smoke`` preset: a test of the
 machinery whose verdict is always 'inconclusive at this budget'.
 Claims measured by a sweep or a benchmark (no arms) print their command.
@@ -31,6 +32,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 
 from experiments import claims as registry
 from experiments.claims import records, spec
@@ -234,11 +236,15 @@ def reproduce(
   }
   if budget == 'paper':
     record['budget_fraction'] = 1.0
+  start = time.perf_counter()
   if isinstance(claim.rule, verdict_lib.ExactTest):
     record['exact_test'] = run_exact_test(claim, log)
     record['seeds'] = []
   else:
     record['arms'] = measure_arms(claim, seeds, budget, runs_dir, log)
+  # Wall time of this command (reused runs cost nothing): a cost, not a
+  # benchmark, on a host that may be shared.
+  record['wall_seconds'] = round(time.perf_counter() - start, 1)
   path = records.write(record, now.strftime('%Y%m%dT%H%M%SZ'), records_dir)
   return record, verdict_of(claim, record), path
 

@@ -303,6 +303,7 @@ def test_reproduce_smoke_writes_a_record_and_reuses_finished_runs(tmp_path):
   assert rec['host']['jax'] and rec['host']['cpu'] and rec['commit']
   assert rec['arms']['quickstart']['values'][0] > 0
   assert 'experiments.reproduce quickstart-bound' in rec['command']
+  assert rec['wall_seconds'] > 0
   assert 'inconclusive at this budget' in out.stdout
   # A second call finds the finished run and does not train again.
   again = _reproduce(*args)
