@@ -85,14 +85,20 @@ def list_claims(records_dir: str) -> str:
     seeds = ''
     if rec:
       seeds = ','.join(str(s) for s in rec.get('seeds', [])) or '-'
+    todo = verdict_lib.next_step(got.label, rec, claim.accelerator)
     rows.append(
-      (claim.id, got.label, seeds, cost_text(claim.cost_minutes), where)
+      (claim.id, got.label, seeds, cost_text(claim.cost_minutes), where, todo)
     )
   width = max(len(r[0]) for r in rows)
-  head = f'{"claim":<{width}}  {"verdict":<28} {"seeds":<8} {"cost":<9} where'
+  head = (
+    f'{"claim":<{width}}  {"verdict":<28} {"seeds":<8} {"cost":<9} '
+    f'{"where":<12} next'
+  )
   lines = [head]
   for r in rows:
-    lines.append(f'{r[0]:<{width}}  {r[1]:<28} {r[2]:<8} {r[3]:<9} {r[4]}')
+    lines.append(
+      f'{r[0]:<{width}}  {r[1]:<28} {r[2]:<8} {r[3]:<9} {r[4]:<12} {r[5]}'
+    )
   return '\n'.join(lines)
 
 

@@ -190,6 +190,36 @@ def render(records_dir: str = records.RECORDS_DIR) -> str:
         f'- `{claim.id}` ({why}, {claim.paper}): {claim.statement} '
         f'Paper: {claim.paper_value}. Command: `{claim.command}`.'
       )
+  out.append('')
+  out.append(
+    'Marked for the accelerator run (a budget 2 CPU cores cannot reach, '
+    'or a device path):\n'
+  )
+  for claim in registry.CLAIMS.values():
+    rec = latest.get(claim.id)
+    if rec is None:
+      continue
+    label = verdict_for(claim, rec).label
+    if v.next_step(label, rec, claim.accelerator) == 'accelerator run':
+      out.append(f'- `{claim.id}`: {claim.statement}')
+  out.append('')
+  out.append(
+    'Marked for a rerun (a record transcribed from earlier notes that is '
+    'neither reproduced nor a miss on 3 training seeds under the rules; '
+    'timings need an otherwise idle host):\n'
+  )
+  rerun = [
+    c.id
+    for c in registry.CLAIMS.values()
+    if c.id in latest
+    and v.next_step(
+      verdict_for(c, latest[c.id]).label, latest[c.id], c.accelerator
+    )
+    == 'rerun'
+  ]
+  out.append(', '.join(f'`{x}`' for x in rerun) + '.')
+  out.append('')
+  out.append('Not measured at all:\n')
   out.append(
     '- Pallas kernels compiled and timed on a TPU or GPU, the cuDNN and '
     'splash attention backends on a device, and multi-host training on '

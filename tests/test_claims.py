@@ -179,6 +179,21 @@ def test_budget_turns_a_miss_into_inconclusive_but_not_a_success():
   assert v.judge(rule, smoke).label == v.INCONCLUSIVE
 
 
+def test_next_step_marks_accelerator_and_rerun_claims():
+  old = {'source': 'docs/RESULTS.md at commit x, measured earlier, not rerun'}
+  new = {'source': 'python -m experiments.reproduce'}
+  assert v.next_step(v.INCONCLUSIVE, old, False) == 'accelerator run'
+  assert v.next_step(v.NOT_RUN, None, True) == 'accelerator run'
+  assert v.next_step(v.PARTIAL, old, False) == 'rerun'
+  assert v.next_step(v.MISS, new, False) == ''
+  settled = dict(old, seeds=[0, 1, 2], seed_kind='training')
+  assert v.next_step(v.MISS, settled, False) == ''
+  assert v.next_step(v.MISS, dict(settled, seed_kind='sampling'), False) == (
+    'rerun'
+  )
+  assert v.next_step(v.REPRODUCED, old, False) == ''
+
+
 def test_no_record_or_missing_arm_is_not_run():
   rule = v.Threshold('a', 1.0)
   assert v.judge(rule, None).label == v.NOT_RUN

@@ -382,3 +382,28 @@ def judge(
       f'(< {budget_floor:g}) this cannot settle the claim',
     )
   return result
+
+
+TRANSCRIBED = 'measured earlier, not rerun'
+
+
+def next_step(label: str, record: Mapping[str, Any] | None, accelerator: bool):
+  """What a claim needs next: 'accelerator run', 'rerun' or ''.
+
+  A claim that only an accelerator can settle (its budget, or a device
+  path) is marked for the accelerator run; one whose record was
+  transcribed from earlier notes and is neither reproduced nor a miss on
+  >= 3 training seeds is marked for a rerun on CPU.
+  """
+  if accelerator or label == INCONCLUSIVE:
+    return 'accelerator run'
+  if label == REPRODUCED or not record:
+    return ''
+  if TRANSCRIBED not in str(record.get('source', '')):
+    return ''
+  settled = (
+    label == MISS
+    and record.get('seed_kind', 'training') == 'training'
+    and len(record.get('seeds', [])) >= 3
+  )
+  return '' if settled else 'rerun'
