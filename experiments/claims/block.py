@@ -13,6 +13,7 @@ from experiments.claims.spec import (
   TARGET,
   Arm,
   Claim,
+  recipe,
 )
 from experiments.claims.verdict import (
   Compare,
@@ -232,5 +233,25 @@ CLAIMS = (
       '--repeats=1'
     ),
     cost_minutes=15,
+  ),
+  recipe(
+    'bd3-lm1b',
+    _PAPER,
+    _ARXIV,
+    'LM1B test perplexity',
+    'bd3_lm1b.py:4',
+    "LM1B perplexity <= 28.23 at L' = 4",
+    28.23,
+    'test perplexity bound',
+  ),
+  recipe(
+    'bd3-owt',
+    _PAPER,
+    _ARXIV,
+    'OWT validation perplexity',
+    'bd3_owt.py:4',
+    "OWT perplexity <= 20.73 at L' = 4",
+    20.73,
+    'validation perplexity bound',
   ),
 )

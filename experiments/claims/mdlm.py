@@ -4,14 +4,8 @@ The paper-scale recipes (text8, LM1B, OpenWebText) are registered with the
 papers' numbers and no record: they have not been run here.
 """
 
-from experiments.claims.spec import (
-  EQUAL_STEPS,
-  EXACT,
-  PAPER_VALUE,
-  Arm,
-  Claim,
-)
-from experiments.claims.verdict import Compare, ExactTest, Threshold
+from experiments.claims.spec import EQUAL_STEPS, EXACT, Arm, Claim, recipe
+from experiments.claims.verdict import Compare, ExactTest
 
 _MDLM = 'MDLM'
 _MD4 = 'MD4'
@@ -33,28 +27,6 @@ def _exact(id_, paper, arxiv, table, statement, paper_value, test):
     seeds=(),
     command=f'{_REPRO} {id_}',
     cost_minutes=1,
-  )
-
-
-def _recipe(id_, paper, arxiv, table, config, value, target, metric):
-  return Claim(
-    id=id_,
-    family='paper recipes',
-    paper=paper,
-    arxiv=arxiv,
-    table=table,
-    statement=f"{config} reaches the paper's {value}.",
-    paper_value=value,
-    metric=metric,
-    protocol=PAPER_VALUE,
-    rule=Threshold('recipe', target, '<='),
-    arms=(Arm('recipe', f'experiments/configs/{config}'),),
-    seeds=(0,),
-    command=f'{_REPRO} {id_} --budget paper',
-    bound='mdlm',
-    budget_fraction=1.0,
-    accelerator=True,
-    cost_minutes=60 * 24 * 7,
   )
 
 
@@ -113,7 +85,7 @@ CLAIMS = (
     bound='full / exact NLL',
     cost_minutes=50,
   ),
-  _recipe(
+  recipe(
     'md4-text8',
     _MD4,
     '2406.04329',
@@ -123,7 +95,7 @@ CLAIMS = (
     1.37,
     'test bits/char',
   ),
-  _recipe(
+  recipe(
     'md4-owt',
     _MD4,
     '2406.04329',
@@ -133,7 +105,7 @@ CLAIMS = (
     22.13,
     'validation perplexity bound',
   ),
-  _recipe(
+  recipe(
     'mdlm-lm1b',
     _MDLM,
     '2406.07524',
@@ -143,7 +115,7 @@ CLAIMS = (
     27.04,
     'test perplexity bound',
   ),
-  _recipe(
+  recipe(
     'mdlm-owt',
     _MDLM,
     '2406.07524',

@@ -147,3 +147,34 @@ class Claim:
 # corpus's scale ~0.24 bits of sharpening moves gen-ppl by ~11, so 0.02
 # bits is worth about one gen-ppl point, the sampling noise of 32 samples.
 ENTROPY_TOL = 0.02
+
+
+def recipe(
+  id_, paper, arxiv, table, config, value, target, metric, bound='mdlm'
+):
+  """A paper-scale recipe: the paper's number, no record until it is run.
+
+  ``config`` is the file (and preset) under experiments/configs; the rule
+  asks for the paper's value or better (lower).
+  """
+  from experiments.claims.verdict import Threshold
+
+  return Claim(
+    id=id_,
+    family='paper recipes',
+    paper=paper,
+    arxiv=arxiv,
+    table=table,
+    statement=f"{config} reaches the paper's {value}.",
+    paper_value=value,
+    metric=metric,
+    protocol=PAPER_VALUE,
+    rule=Threshold('recipe', target, '<='),
+    arms=(Arm('recipe', f'experiments/configs/{config}'),),
+    seeds=(0,),
+    command=f'python -m experiments.reproduce {id_} --budget paper',
+    bound=bound,
+    budget_fraction=1.0,
+    accelerator=True,
+    cost_minutes=60 * 24 * 7,
+  )

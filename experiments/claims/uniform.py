@@ -14,6 +14,7 @@ from experiments.claims.spec import (
   TARGET,
   Arm,
   Claim,
+  recipe,
 )
 from experiments.claims.verdict import Compare, Threshold
 
@@ -189,5 +190,16 @@ CLAIMS = (
     ),
     bound='mdlm',
     cost_minutes=30,
+  ),
+  recipe(
+    'udlm-lm1b',
+    'Duo (UDLM baseline)',
+    '2506.10892',
+    'Table 1',
+    'duo_lm1b.py:udlm',
+    'LM1B perplexity <= 36.71',
+    36.71,
+    'test perplexity bound',
+    bound='as published',
   ),
 )
