@@ -125,4 +125,26 @@ CLAIMS = (
     23.21,
     'test perplexity bound',
   ),
+  Claim(
+    id='bpe-narrows-ar-gap',
+    family='word level',
+    paper='project observation (MDLM as the masked model)',
+    arxiv='2406.07524',
+    table='not in the paper',
+    statement='With a 2048-token BPE vocabulary the gap between the MDLM '
+    'bound and the AR twin, in bits per character, is smaller than at '
+    'character level (same width, depth and text per step).',
+    paper_value='-',
+    metric='MDLM bound - AR NLL, bits/char',
+    protocol=EQUAL_STEPS,
+    rule=Compare('bpe', 'char', 'lower'),
+    seeds=(0,),
+    command=(
+      'python -m experiments.run --config=experiments/configs/'
+      'quickstart_bpe.py --workdir=runs/quickstart_bpe (and '
+      'ar_quickstart_bpe.py, mdlm_quickstart.py, ar_quickstart.py)'
+    ),
+    bound='full (BPE) / mdlm (char)',
+    cost_minutes=80,
+  ),
 )
