@@ -111,7 +111,7 @@ def arm_key(arm: spec.Arm, budget: str, claim: spec.Claim) -> str:
   if arm.init_from:
     parent = next(a for a in claim.arms if a.name == arm.init_from)
     base = arm_key(parent, budget, claim)
-  blob = json.dumps([config, list(arm.overrides), base])
+  blob = json.dumps([config, list(arm.overrides_for(budget)), base])
   digest = hashlib.sha1(blob.encode()).hexdigest()[:8]
   return f'{stem}-{digest}'
 
@@ -160,7 +160,7 @@ def run_arm(
     f'--workdir={workdir}',
     f'--config.seed={seed}',
   ]
-  for key, value in arm.overrides:
+  for key, value in arm.overrides_for(budget):
     cmd.append(f'--config.{key}={value}')
   if arm.init_from:
     parent = next(a for a in claim.arms if a.name == arm.init_from)
@@ -293,14 +293,18 @@ def main(argv=None) -> int:
     sys.argv[1:] if argv is None else argv
   )
   print(f'{claim.id}: {claim.statement}')
-  record, got, path = reproduce(
-    claim,
-    seeds,
-    args.budget,
-    os.path.abspath(args.runs_dir),
-    args.records_dir,
-    command,
-  )
+  try:
+    record, got, path = reproduce(
+      claim,
+      seeds,
+      args.budget,
+      os.path.abspath(args.runs_dir),
+      args.records_dir,
+      command,
+    )
+  except RuntimeError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
   for name, arm in record['arms'].items():
     values = ', '.join(f'{x:.4f}' for x in arm['values'])
     print(f'  {name}: {values}')

@@ -36,6 +36,8 @@ def _block(size):
       f'{_BD3}:16',
       (('process.block_size', 128),),
       init_from='base',
+      # One block of the smoke preset's 32-token sequences.
+      smoke_overrides=(('process.block_size', 32),),
     )
   return Arm(f'L{size}', f'{_BD3}:{size}', init_from='base')
 

@@ -52,7 +52,9 @@ class Arm:
   another arm whose run of the same seed this one starts from;
   ``smoke_config`` replaces ``config`` at the test-only smoke budget when
   appending the ``smoke`` preset does not give a valid argument, and
-  ``paper_config`` at the paper's budget.
+  ``paper_config`` at the paper's budget; ``smoke_overrides`` replace
+  ``overrides`` at the smoke budget (e.g. a block size that fits its
+  shorter sequences).
   """
 
   name: str
@@ -61,6 +63,13 @@ class Arm:
   init_from: str = ''
   smoke_config: str = ''
   paper_config: str = ''
+  smoke_overrides: tuple[tuple[str, Any], ...] | None = None
+
+  def overrides_for(self, budget: str) -> tuple[tuple[str, Any], ...]:
+    """The overrides at a budget (the smoke preset may need its own)."""
+    if budget == 'smoke' and self.smoke_overrides is not None:
+      return self.smoke_overrides
+    return self.overrides
 
   def config_for(self, budget: str) -> str:
     """The --config value at a budget ('smoke' adds the smoke preset)."""
