@@ -206,6 +206,8 @@ def test_no_record_or_missing_arm_is_not_run():
 def test_every_claim_is_complete():
   assert len(registry.CLAIMS) >= 60
   for claim in registry.CLAIMS.values():
+    # Ids are command-line names and markdown anchors.
+    assert re.fullmatch(r'[a-z0-9]+(-[a-z0-9]+)*', claim.id), claim.id
     assert claim.statement and claim.paper_value and claim.metric, claim.id
     assert claim.protocol in spec.PROTOCOLS
     assert claim.command, claim.id

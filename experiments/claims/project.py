@@ -53,7 +53,7 @@ CLAIMS = (
     cost_minutes=25,
   ),
   Claim(
-    id='quickstart-transformer-3.3',
+    id='quickstart-transformer-target',
     family='quickstart',
     paper='project target',
     arxiv='',
@@ -67,7 +67,7 @@ CLAIMS = (
     protocol=TARGET,
     rule=Threshold('mdlm', 3.3, '<='),
     arms=(Arm('mdlm', 'experiments/configs/mdlm_quickstart.py'),),
-    command=f'{_REPRO} quickstart-transformer-3.3',
+    command=f'{_REPRO} quickstart-transformer-target',
     bound='full',
     cost_minutes=30,
   ),
