@@ -1,6 +1,6 @@
 """PD-SSM on group word problems / mod arith, with P_t diagnostics.
 
-A diagnostic driver (issue 19, item 4; docs/RESULTS.md section 5.3): it
+A diagnostic driver (docs/HISTORY.md section 5.3): it
 builds the state-tracking config of experiments/configs/state_tracking.py
 from its flags (preset and model as given; --loss=prefix is
 ``task.loss_on='prefix'``, --magnitude_init is ``model.magnitude_init``),

@@ -1,4 +1,4 @@
-"""Runs the planner/executor reproduction (issue 8) and writes its table.
+"""Runs the planner/executor reproduction and writes its table.
 
   python -m experiments.sweep_planner_executor --preset=cpu --seeds=0 \
     --out=runs/pe

@@ -9,7 +9,7 @@ finished is skipped, an interrupted one resumes from its checkpoint. Runs go
 seed by seed (every model and task at seed 0 first), so a partial sweep
 already fills the table. After every run OUT/results.json and OUT/results.md
 are rewritten: test accuracy (%) mean +- std over the finished seeds per
-(model, task), next to the paper's Table 2 (REFERENCE.md section 5). At the
+(model, task), next to the paper's Table 2. At the
 end OUT/curves.png plots validation accuracy against step for every run and
 OUT/accuracy_by_length.png test accuracy against test length (``--rescore``
 adds that breakdown to runs recorded without it).

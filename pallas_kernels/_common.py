@@ -39,7 +39,7 @@ PALLAS_PLATFORMS = {
 # On CPU the scans run sequentially ('reference', a lax.scan): measured
 # forward+backward (`python -m pallas_kernels.benchmarks.scan_grad_bench`) it is
 # 2.5-6x faster than the associative scan at every shape tried (B 4-64, L
-# 256-1024, N 16-256) and compiles 10-20x faster (docs/RESULTS.md section 3).
+# 256-1024, N 16-256) and compiles 10-20x faster (docs/HISTORY.md section 3).
 AUTO_IMPL = {
   'attention': {'tpu': 'pallas', 'gpu': 'xla'},
   'linear_scan': {'tpu': 'pallas', 'gpu': 'xla', 'cpu': 'reference'},

@@ -1,4 +1,4 @@
-"""Planning tasks of the planner -> executor pipelines (issues 8, 20).
+"""Planning tasks of the planner -> executor pipelines.
 
 A `PlanningTask` is everything the pipelines need to know about a task:
 its vocabulary (with the executor's '|' / '=' separators and PAD), the

@@ -1,6 +1,6 @@
 """Multi-step modular arithmetic: a reasoning task with graded difficulty.
 
-The planner-executor reproduction (arXiv 2510.15244, issue 8) needs problems
+The planner-executor reproduction (arXiv 2510.15244) needs problems
 whose answers can be checked exactly, whose difficulty has levels like DART's
 1-5, and whose reasoning has a natural written plan. A problem of level k
 is a word-free expression of k operations on single digits,

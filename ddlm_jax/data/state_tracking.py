@@ -1,7 +1,7 @@
 """State-tracking benchmark data (PD-SSM paper; Deletang / Walker et al.).
 
 Deterministic numpy generators for the formal-language tasks on which the
-PD-SSM paper compares sequence models (REFERENCE.md section 5):
+PD-SSM paper (arXiv 2509.22284) compares sequence models:
 
 - ``parity``: tokens a, b; label = (number of b) mod 2.
 - ``even_pairs``: tokens a, b; label = 1 iff first symbol == last symbol.

@@ -17,7 +17,7 @@ network is time-free (SUBS, as MDLM); it gets each sequence's mean t.
 Clipped ("data-driven") schedules draw t_b ~ U[beta, omega] for training;
 `clip_search` picks the band whose NELBO estimate has the least variance,
 and `evaluation_process` reports the unclipped bound. Formulas:
-shared/REFERENCE.md, sections 1 and 8.
+MDLM (arXiv 2406.07524) and BD3-LM (arXiv 2503.09573).
 """
 
 from __future__ import annotations

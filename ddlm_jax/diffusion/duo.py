@@ -16,7 +16,7 @@ them up in JAX by linear interpolation (jit-friendly), and uses the map for
 two things: a schedule (`GaussianArgmaxSchedule`) that plugs into the
 uniform process, and Duo's curriculum (`DuoDiffusion`), which trains the
 network on the tempered softmax of w_t while scoring the discrete bound at
-argmax(w_t). Facts from shared/REFERENCE.md, section 7.
+argmax(w_t). Facts from Duo (arXiv 2506.10892).
 """
 
 from __future__ import annotations

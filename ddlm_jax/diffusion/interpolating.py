@@ -6,7 +6,7 @@ q(z_t | z_s) = a_ts delta_{z_s} + (1 - a_ts) pi, a_ts = alpha_t / alpha_s.
 p_u = 0 is masked diffusion (MDLM/MD4), p_u = 1 uniform-state diffusion.
 GIDD (von Ruette et al. 2025) proper uses a time-varying pi_t; this is its
 constant-mixing special case, in which a masked token may later turn into a
-uniform one. Formulas: shared/REFERENCE.md section 7.
+uniform one. Formulas: GIDD and Duo (arXiv 2506.10892).
 
 As for the uniform process (see diffusion.uniform), the plug-in NELBO is
 minimised by the leave-one-out posterior r = p(x^i | z_t^{-i}), related to

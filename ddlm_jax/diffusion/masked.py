@@ -5,7 +5,7 @@ becomes the mask token m = vocab_size. The network predicts the clean token
 at every position (V logits, no mask class), which is the SUBS
 parameterisation of MDLM: the mask class has zero probability and unmasked
 positions carry over their input. Notation and formulas follow
-shared/REFERENCE.md, section 1.
+MD4 (arXiv 2406.04329) and MDLM (arXiv 2406.07524).
 
 The reported NELBO (`bound_kind='full'`) is a true upper bound on -log p(x)
 of the generative model "z_1 ~ p(z_1), the reverse chain from t = 1 to

@@ -3,7 +3,7 @@
 Each token independently stays itself with probability alpha(t) and is
 otherwise redrawn uniformly over the V data tokens (there is no mask token):
 q(z_t | x) = alpha_t x + (1 - alpha_t) / V. Notation and formulas follow
-shared/REFERENCE.md, section 7.
+UDLM (arXiv 2412.10193) and Duo (arXiv 2506.10892).
 
 Two predictors matter, and they differ (Uniform Diffusion Models Revisited):
 
@@ -118,7 +118,7 @@ def uniform_posterior(
 ) -> jax.Array:
   """q(z_s | z_t, x) [B, L, V] for s < t, linear in x.
 
-  For one-hot x this is Bayes' rule (REFERENCE section 7):
+  For one-hot x this is Bayes' rule (UDLM, arXiv 2412.10193):
     [alpha_t V x[z_t] e_{z_t} + (a_ts - alpha_t) e_{z_t} + (alpha_s - alpha_t)
      x + (1 - a_ts)(1 - alpha_s) / V] / (V alpha_t x[z_t] + 1 - alpha_t),
   a_ts = alpha_t / alpha_s. For a probability vector x (a model's denoiser

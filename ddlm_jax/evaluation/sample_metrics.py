@@ -3,7 +3,7 @@
 Generative perplexity scores samples with an autoregressive model trained by
 this suite on the same corpus (the AR twin; `ARScorer.from_run`). Both
 aggregates are reported and labelled, because papers differ:
-`gen_ppl_corpus` = exp(total NLL / total tokens) (REFERENCE section 4) and
+`gen_ppl_corpus` = exp(total NLL / total tokens) (as MDLM reports it) and
 `gen_ppl_sample_mean` = mean over samples of exp(NLL_i / tokens_i). Samples
 longer than the scorer's context are scored in consecutive windows, each
 restarted from BOS, exactly as the AR twin's evaluation cuts the text.

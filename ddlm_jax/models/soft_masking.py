@@ -3,7 +3,7 @@
 A still-masked position normally enters the network as the mask embedding
 E[m]. With soft-masking it enters as a blend of E[m] and the previous
 prediction's top-k tokens, weighted by how confident that prediction was
-(REFERENCE section 2):
+(arXiv 2510.17206):
 
   pi = softmax(top_k(logits_prev)),  H = entropy(softmax(logits_prev))
   lambda = w_s * sigmoid(w_a * (-H - w_b))
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-# Paper initialisation (REFERENCE section 2). w_s starts near 0 in the
+# Paper initialisation (arXiv 2510.17206). w_s starts near 0 in the
 # paper; short runs start it higher (configurable).
 PAPER_W_A = 6.66
 PAPER_W_B = -0.75

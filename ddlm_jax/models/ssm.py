@@ -1,6 +1,6 @@
 """State-space sequence mixers: PD-SSM, complex/real diagonal SSMs, LSTM.
 
-PD-SSM (arXiv 2509.22284, REFERENCE.md section 5) runs the recurrence
+PD-SSM (arXiv 2509.22284) runs the recurrence
 h_t = A_t h_{t-1} + B u_t in C^N with A_t = P_t D_t, read out as
 y_t = Re(C h_t) + D_skip * u_t:
 

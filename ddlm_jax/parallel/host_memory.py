@@ -5,7 +5,7 @@ md4's reference config) as one block with malloc at every call and frees
 it at the end. glibc serves a block that large with a fresh mmap (worker
 threads' arenas always do) and unmaps it on free, so every call
 page-faults the whole block in again: 200k minor faults and ~0.9 s of
-kernel time per 1.9 s train step on a 2-core CPU (docs/RESULTS.md 2.2).
+kernel time per 1.9 s train step on a 2-core CPU (docs/HISTORY.md 2.2).
 Keeping freed memory in the heap makes later calls reuse the same warm
 pages: one arena, no mmap for large blocks, no trimming. The cost is that
 the process keeps its peak heap until it exits, which a training or

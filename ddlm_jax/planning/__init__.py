@@ -1,4 +1,4 @@
-"""DDLM planner -> ARM executor collaboration (arXiv 2510.15244, issue 8).
+"""DDLM planner -> ARM executor collaboration (arXiv 2510.15244).
 
 ``layout`` fixes the planner's and executor's token fields, ``models`` the
 backbone configs, the projector and soft-token injection, ``conditional``

@@ -1,4 +1,4 @@
-"""Training and evaluation of the planner/executor pipelines (issue 8).
+"""Training and evaluation of the planner/executor pipelines.
 
 `run_planner_executor(config, workdir)` is what `experiments.run` calls for
 configs from experiments/configs/planner_executor.py. It trains the models

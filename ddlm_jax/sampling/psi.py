@@ -2,7 +2,7 @@
 
 With p0 the filtered denoiser at (z_t, t), each step t -> s draws
   z_s ~ kappa_t q(z_s | z_t, p0) + (1 - kappa_t) (alpha_s p0 + (1 - alpha_s) pi)
-(REFERENCE section 7): the ancestral posterior mixed with the forward
+(arXiv 2602.21185): the ancestral posterior mixed with the forward
 process applied to p0 (pi uniform for uniform-state, (1 - p_u) e_m + p_u / V
 for interpolating, e_m for masked processes). kappa = 1 is ancestral
 sampling; kappa = 0 the pure corrector that re-noises p0 to time s.

@@ -2,7 +2,7 @@
 
 Per step t -> s, with sigma_t the remasking probability of a revealed (free)
 token, a masked position is revealed with probability
-(alpha(s) - (1 - sigma_t) alpha(t)) / (1 - alpha(t)) (REFERENCE section 3).
+(alpha(s) - (1 - sigma_t) alpha(t)) / (1 - alpha(t)) (arXiv 2503.00307).
 Strategies:
 
 * 'cap': sigma_t = min(eta, clip((1 - alpha(s)) / alpha(t), 0, 1)) at every
@@ -14,7 +14,7 @@ Strategies:
   [t_on, t_off] while remasking with sigma = min(eta, (1 - alpha_on) /
   alpha_on) (the largest sigma for which a step can keep the masked
   fraction at 1 - alpha_on), then from alpha_on up to 1 over [t_off, 0]
-  (ancestral steps). REFERENCE section 3 fixes alpha(t_on) = alpha_on and
+  (ancestral steps). The paper fixes alpha(t_on) = alpha_on and
   the constant loop phase, not the shape of the two ramps: linear in time
   is our choice (the log-linear shape, rescaled). Starting at 0 rather than
   the schedule's alpha(1) makes the expected masked fraction during the

@@ -2,7 +2,7 @@
 
 Paper: Arriola et al. 2025, "Block Diffusion" (BD3-LM, arXiv 2503.09573,
 ICLR 2025), LM1B test perplexity: AR 22.83, MDLM <= 31.78, BD3-LM
-L' = 16 / 8 / 4 <= 30.60 / 29.83 / 28.23 (shared/REFERENCE.md section 8).
+L' = 16 / 8 / 4 <= 30.60 / 29.83 / 28.23.
 Recipe: MDLM's 12 x 768 time-free transformer and optimiser (the suite's
 `mdlm_lm1b.py`) with sentences packed into rows of 128 (`data.packing=
 'packed'`; the paper's LM1B rows are wrapped, which is why its MDLM number

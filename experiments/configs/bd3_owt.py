@@ -2,7 +2,7 @@
 
 Paper: Arriola et al. 2025, "Block Diffusion" (BD3-LM, arXiv 2503.09573),
 OWT validation perplexity: AR 17.54, MDLM <= 22.98, BD3-LM L' = 16 / 8 / 4
-<= 22.27 / 21.68 / 20.73 (shared/REFERENCE.md section 8). Recipe: MDLM's
+<= 22.27 / 21.68 / 20.73. Recipe: MDLM's
 OWT data and model (the suite's `mdlm_owt.py`), the block-diffusion process,
 fine-tuned from an MDLM checkpoint (`--config.train.init_from`). Sampling:
 block by block with the KV cache, nucleus 0.9, variable length (stop at

@@ -18,7 +18,7 @@ runs/mdlm_quickstart for 500 steps (`--config.train.init_from=DIR` for another
 MDLM run), or `scratch` for 1000 steps from random initialisation.
 `bd3_quickstart.py:16,smoke` is the seconds-long test preset (from scratch).
 
-Expected (the paper's claim, docs/RESULTS.md section 11): the validation
+Expected (the paper's claim, docs/HISTORY.md section 11): the validation
 bound moves from MDLM's toward the AR twin's as L' shrinks.
 """
 

@@ -18,7 +18,7 @@ Variants (the argument, comma-separated, optionally ending in `smoke`):
   duo_quickstart.py:interpolating  masked + uniform mixture (p_u = 0.5)
   duo_quickstart.py:smoke, duo_quickstart.py:curriculum,smoke, ...
 
-Expected (docs/RESULTS.md section 10): a worse validation bound than the
+Expected (docs/HISTORY.md section 10): a worse validation bound than the
 masked quickstart at equal steps (the papers' finding on LM1B/OWT), with the
 advantage of uniform-state models at few sampling steps.
 """

@@ -11,11 +11,11 @@ Command:
   python -m experiments.run --config=experiments/configs/mdlm_ce.py \
     --workdir=runs/mdlm_ce
 
-Its NELBO-weighted arm is `mdlm_quickstart.py`. Since session 9
+Its NELBO-weighted arm is `mdlm_quickstart.py`. Since 2026-12-02
 quickstart.py trains on this objective too, with the hybrid backbone.
 
 Presets: `mdlm_ce.py:smoke`. Model size for the FLOPs study:
-`--config.model.width=64|128|192` (docs/RESULTS.md section 10).
+`--config.model.width=64|128|192` (docs/HISTORY.md section 10).
 """
 
 from experiments.configs import quickstart

@@ -1,6 +1,6 @@
 """DDLM planner -> ARM executor on planning tasks (arXiv 2510.15244).
 
-One config for the four pipelines of issues 8 and 20; the argument is
+One config for the four pipelines on every planning task; the argument is
 'PIPELINE[,TASK][,preset]' with PIPELINE in direct | cot | text | latent and
 TASK in arithmetic (default) | sudoku4 | countdown | paths
 (ddlm_jax/data/planning_tasks.py); 'latent,cpu' is arithmetic:
@@ -59,7 +59,7 @@ AIME24 0% -> 14%); with 64 planning tokens and ~5 execution tokens the
 DDLM->ARM pipeline beats a 7B ARM using 44x more tokens.
 
 Measured with 'cpu' (seed 0, 500 test problems per level; accuracy % on
-levels 1 / 2 / 3 / 4 / held-out 5; docs/RESULTS.md, issue 8):
+levels 1 / 2 / 3 / 4 / held-out 5; docs/RESULTS.md):
   ARM direct           40.6 / 31.2 / 34.0 / 28.2 / 27.2
   ARM CoT             100.0 / 100.0 / 100.0 / 100.0 / 0.0 (9.2 exec tokens)
   text (16 steps)      35.2 / 31.4 / 34.2 / 28.4 / 20.4
@@ -80,7 +80,7 @@ PIPELINES = ('direct', 'cot', 'text', 'latent')
 PRESETS = ('', 'cpu', 'smoke')
 SMOKE_ARG = 'latent,smoke'
 # 'cpu' preset of the new tasks: (steps of planner and every executor,
-# projector steps). Equal planner / executor budgets (issue 20).
+# projector steps). Equal planner / executor budgets.
 TASK_CPU = {'sudoku4': (1000, 300), 'countdown': (1000, 300),
             'paths': (1000, 300)}  # fmt: skip
 
@@ -168,7 +168,7 @@ def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
   if preset == 'cpu':
     c.planner = _model(64, 3, 4, 9000, 64, 2e-3)
     # The ELBO's 1/t weights made the planner learn ~2x slower per step
-    # (validation plan accuracy); see docs/RESULTS.md, issue 8.
+    # (validation plan accuracy); see docs/HISTORY.md, section 8.
     c.planner.loss_type = 'simple_ce'
     c.executor = _model(64, 3, 4, 3000, 64, 2e-3)
     c.latent.pool_size = 4096

@@ -4,7 +4,7 @@ Command:
   python -m experiments.run --config=experiments/configs/quickstart.py \
     --workdir=runs/quickstart
 
-Expected (docs/RESULTS.md section 1): validation <= 3.25 bits/char (the
+Expected (docs/HISTORY.md section 1): validation <= 3.25 bits/char (the
 full NELBO bound) on the held-out plays (Hamlet, Much Ado, Richard II), with
 training, evaluation and sampling inside 10 minutes on 2 CPU cores. The
 text's unigram entropy is 4.76 bits/char.
@@ -17,7 +17,7 @@ simple cross-entropy objective (arXiv 2602.15014: unweighted CE of the
 masked tokens; validation still reports the NELBO), 0.05 lower (0.01-0.10
 over 3 seeds). Measured: 3.115 +- 0.018 bits/char over 3 seeds, ~400 s.
 `recipe()` (= `mdlm_quickstart.py`, which was quickstart.py until
-session 9) is the transformer on the NELBO objective: the base that the
+2026-12-02) is the transformer on the NELBO objective: the base that the
 quickstart's twins (AR, BD3, Duo, soft masking, BPE) change one thing of
 and fine-tune from.
 

@@ -1,4 +1,4 @@
-"""MDLM on Shakespeare in BPE tokens: the word-level quickstart (issue 19).
+"""MDLM on Shakespeare in BPE tokens: the word-level quickstart.
 
 Command (train the AR twin first: the final samples are scored by it):
   python -m experiments.run --config=experiments/configs/ar_quickstart_bpe.py \

@@ -1,4 +1,4 @@
-"""Soft-masking continued pretraining from the quickstart MDLM (issue 6).
+"""Soft-masking continued pretraining from the quickstart MDLM.
 
 Three arms from the same checkpoint (train.init_from, default
 runs/mdlm_quickstart, trained by `mdlm_quickstart.py`), chosen by the
@@ -10,13 +10,13 @@ config argument ARM[,smoke]:
                one extra forward (~1/3 of a forward+backward), so
                steps * (1 + sm_prob / 3).
 
-Commands (docs/RESULTS.md section 7):
+Commands (docs/HISTORY.md section 7):
   python -m experiments.run --config=experiments/configs/sm_continue.py:sm \
     --workdir=runs/sm/sm_s0 --config.seed=0
   python -m experiments.run --config=experiments/configs/sm_continue.py:plain \
     --workdir=runs/sm/plain_s0 --config.seed=0
 
-Settings follow REFERENCE section 2 where they carry over (model LR 3e-4,
+Settings follow the paper's where they carry over (model LR 3e-4,
 SM scalars 1e-2, sm_prob 0.8, k 3); w_s starts at 0.2 instead of ~0 because
 300 steps are too few for it to grow from 0 (REFERENCE: ~1.4k Adam steps to
 reach 0.5).

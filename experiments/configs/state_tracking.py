@@ -27,7 +27,7 @@ Presets:
           wd 0.01, warmup 10% then cosine, batch 256; train lengths [3, 40],
           validation and test lengths [40, 256]; 100k steps and SSM initial
           state h_0 = e_0, both as in the authors' released configs and
-          code (REFERENCE.md gives neither).
+          code (the paper gives neither).
   'cpu'   sized for 2 shared CPU cores: width 32, state 16, batch 64,
           3000 steps, sequential scans, 256 validation and 512 test
           sequences, h_0 = 0 (a few minutes per PD-SSM run).
@@ -44,7 +44,7 @@ Presets:
           tasks, --config.task.num_generators=k.
 
 Paper Table 2 (test accuracy %, mean +- std over 5 seeds; random 20/50/20/50;
-REFERENCE.md section 5), columns cycle nav / even pairs / mod arith / parity:
+the paper), columns cycle nav / even pairs / mod arith / parity:
   PD-SSM            99.5 +- 0.7 / 99.7 +- 0.3 / 96.2 +- 3.4 / 99.9 +- 0.1
   complex diagonal  90.4 +- 4.3 / 82.4 +- 4.8 / 59.9 +- 27.0 / 61.8 +- 6.8
   Mamba             50.7 +- 7.8 / 100.0 / 38.1 +- 6.0 / 54.5 +- 1.5
@@ -61,7 +61,7 @@ test sequences of length 40-256; sweep command above, 28 min in all):
                     at 100%: phases +-2 pi / 5 solve it exactly)
 With 'cpu_long' (3 seeds): PD-SSM parity 99.7, cycle nav 99.9, even pairs
 96.9 (one seed 91.4), mod arith 20.1 (chance; its minimal automaton has 49
-states > N = 16). Full tables: docs/RESULTS.md section 5.
+states > N = 16). Full tables: docs/HISTORY.md section 5.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
     c.task.num_test = 512
     c.eval.batch_size = 64
   if preset == 'cpu':
-    # The recorded 3000-step table (docs/RESULTS.md section 5) used h_0 = 0.
+    # The recorded 3000-step table (docs/HISTORY.md section 5) used h_0 = 0.
     c.model.initial_state = 'zeros'
   elif preset == 'cpu_long':
     # 5x the cpu schedule with h_0 = e_0 (the default, as in the authors'

@@ -1,7 +1,7 @@
 """PD-SSM scan: h_t = A_t h_{t-1} + b_t with A_t = P_t D_t column one-hot.
 
-A_t[:, j] = d_t[j] e_{p_t[j]}, i.e. (A h)[p[j]] += d[j] h[j] (REFERENCE.md
-section 5). The scan element (p, d, b) is the affine map h -> A h + b and
+A_t[:, j] = d_t[j] e_{p_t[j]}, i.e. (A h)[p[j]] += d[j] h[j] (PD-SSM,
+arXiv 2509.22284). The scan element (p, d, b) is the affine map h -> A h + b and
 composes in O(N) without forming a dense N x N matrix:
 earlier (p_i, d_i, b_i) then later (p_j, d_j, b_j) gives
 p = p_j[p_i], d = d_j[p_i] * d_i, b = scatter_add(p_j, d_j * b_i) + b_j.

@@ -1,0 +1,215 @@
+"""The project's own targets: the quickstart, throughput, kernels, speed.
+
+These are not paper claims; each names the target the project set itself
+and, where one exists, the paper whose method sets the baseline (md4's
+sampler loop).
+"""
+
+from experiments.claims.spec import (
+  NAMED_BASELINE,
+  TARGET,
+  Arm,
+  Claim,
+)
+from experiments.claims.verdict import Threshold
+
+QUICKSTART = 'experiments/configs/quickstart.py'
+_REPRO = 'python -m experiments.reproduce'
+
+CLAIMS = (
+  Claim(
+    id='quickstart-bound',
+    family='quickstart',
+    paper='project target',
+    arxiv='',
+    table='README',
+    statement=(
+      'The default model (hybrid attention / PD-SSM, simple CE) reaches '
+      '<= 3.25 bits/char on the held-out plays after 1000 steps.'
+    ),
+    paper_value='target <= 3.25 bits/char',
+    metric='validation bound, bits/char',
+    protocol=TARGET,
+    rule=Threshold('quickstart', 3.25, '<='),
+    arms=(Arm('quickstart', QUICKSTART),),
+    command=f'{_REPRO} quickstart-bound',
+    bound='full',
+    cost_minutes=25,
+  ),
+  Claim(
+    id='quickstart-time',
+    family='quickstart',
+    paper='project target',
+    arxiv='',
+    table='README',
+    statement='The quickstart run takes <= 600 s on 2 CPU cores.',
+    paper_value='target <= 600 s',
+    metric="run wall seconds (summary.json's wall_seconds)",
+    protocol=TARGET,
+    rule=Threshold('quickstart', 600.0, '<='),
+    arms=(Arm('quickstart', QUICKSTART),),
+    metric_key='wall_seconds',
+    command=f'{_REPRO} quickstart-time',
+    cost_minutes=25,
+  ),
+  Claim(
+    id='quickstart-transformer-target',
+    family='quickstart',
+    paper='project target',
+    arxiv='',
+    table='README (before the hybrid default)',
+    statement=(
+      'The transformer MDLM on the NELBO objective reaches <= 3.3 '
+      'bits/char in 1000 steps.'
+    ),
+    paper_value='target <= 3.3 bits/char',
+    metric='validation bound, bits/char',
+    protocol=TARGET,
+    rule=Threshold('mdlm', 3.3, '<='),
+    arms=(Arm('mdlm', 'experiments/configs/mdlm_quickstart.py'),),
+    command=f'{_REPRO} quickstart-transformer-target',
+    bound='full',
+    cost_minutes=30,
+  ),
+  Claim(
+    id='train-step-mfu',
+    family='throughput',
+    paper='project target',
+    arxiv='',
+    table='README',
+    statement=(
+      'The train step at the reference config (width 256, md4 adaLN) '
+      'reaches >= 60% of the float32 matmul peak measured in the same run.'
+    ),
+    paper_value='target >= 60% MFU',
+    metric='MFU, % of the float32 matmul peak',
+    protocol=TARGET,
+    rule=Threshold('step', 60.0, '>='),
+    command=(
+      'python -m experiments.benchmarks.train_step --time_conditioning '
+      '--mlp_dim=704 --repeats=10'
+    ),
+    cost_minutes=5,
+  ),
+  Claim(
+    id='sampler-speed-vs-md4-256',
+    family='samplers',
+    paper="MD4's sampler loop as baseline",
+    arxiv='2406.04329',
+    table='md4 sampling.py (the baseline, not a paper number)',
+    statement=(
+      "The cached jitted ancestral sampler reaches >= 2x md4's jitted "
+      'loop tokens/s at T = 256, L = 256, batch 4.'
+    ),
+    paper_value='target >= 2x the baseline',
+    metric="speed-up over md4's loop (x)",
+    protocol=NAMED_BASELINE,
+    rule=Threshold('cached', 2.0, '>='),
+    command=(
+      'python -m experiments.benchmarks.samplers --steps=256,1024 '
+      "--repeats=5 --fixed=''"
+    ),
+    cost_minutes=10,
+  ),
+  Claim(
+    id='sampler-speed-vs-md4-1024',
+    family='samplers',
+    paper="MD4's sampler loop as baseline",
+    arxiv='2406.04329',
+    table='md4 sampling.py (the baseline, not a paper number)',
+    statement=(
+      "The cached sampler reaches >= 3.5x md4's loop tokens/s at T = 1024."
+    ),
+    paper_value='target >= 3.5x the baseline',
+    metric="speed-up over md4's loop (x)",
+    protocol=NAMED_BASELINE,
+    rule=Threshold('cached', 3.5, '>='),
+    command=(
+      'python -m experiments.benchmarks.samplers --steps=256,1024 '
+      "--repeats=5 --fixed=''"
+    ),
+    cost_minutes=10,
+  ),
+  Claim(
+    id='scan-associative-vs-sequential',
+    family='kernels',
+    paper='project target',
+    arxiv='',
+    table='kernels',
+    statement=(
+      'On CPU the XLA associative diagonal scan is no slower than the '
+      'sequential one at L >= 1024.'
+    ),
+    paper_value='target: sequential / associative time >= 1',
+    metric='sequential time / associative time',
+    protocol=TARGET,
+    rule=Threshold('assoc', 1.0, '>='),
+    command='python -m pallas_kernels.benchmarks.scan_bench',
+    cost_minutes=5,
+  ),
+  Claim(
+    id='pd-scan-vs-dense',
+    family='kernels',
+    paper='PD-SSM',
+    arxiv='2509.22284',
+    table='parallel scan cost',
+    statement=(
+      'The PD scan is >= 20x faster than a dense-transition scan at '
+      'N = 64, L = 1024.'
+    ),
+    paper_value='O(N) vs O(N^3) parallel combine; target >= 20x',
+    metric='dense time / PD time (x)',
+    protocol=TARGET,
+    rule=Threshold('pd', 20.0, '>='),
+    command='python -m pallas_kernels.benchmarks.scan_bench',
+    cost_minutes=5,
+  ),
+  Claim(
+    id='gpu-train-step-mfu',
+    family='accelerators',
+    paper='project target',
+    arxiv='',
+    table='device check',
+    statement='A GPT-2-small MDLM train step reaches >= 45% MFU in bf16.',
+    paper_value='target >= 45% MFU',
+    metric='MFU %',
+    protocol=TARGET,
+    rule=Threshold('step', 45.0, '>='),
+    command='python -m experiments.benchmarks.device_check --out=DIR',
+    accelerator=True,
+    cost_minutes=6,
+  ),
+  Claim(
+    id='gpu-block-sparse-attention',
+    family='accelerators',
+    paper='project target',
+    arxiv='',
+    table='device check',
+    statement=(
+      "Block-sparse attention is >= 1.5x XLA's dense masked attention at "
+      'L >= 4096 on a GPU.'
+    ),
+    paper_value='target >= 1.5x',
+    metric='dense time / block-sparse time (x)',
+    protocol=TARGET,
+    rule=Threshold('kernel', 1.5, '>='),
+    command='python -m experiments.benchmarks.device_check --out=DIR',
+    accelerator=True,
+    cost_minutes=6,
+  ),
+  Claim(
+    id='gpu-auto-never-slower',
+    family='accelerators',
+    paper='project target',
+    arxiv='',
+    table='device check',
+    statement="impl='auto' is never slower than 'xla' on a GPU.",
+    paper_value='target: xla time / auto time >= 1',
+    metric='xla time / auto time, worst case',
+    protocol=TARGET,
+    rule=Threshold('auto', 1.0, '>='),
+    command='python -m experiments.benchmarks.device_check --out=DIR',
+    accelerator=True,
+    cost_minutes=6,
+  ),
+)

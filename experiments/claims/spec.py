@@ -1,0 +1,189 @@
+"""What a claim is: the paper, its number, the arms that test it, the rule.
+
+A claim is data, not prose: the paper (arXiv id, table), the number the
+paper reports, the arms that measure ours (an ``experiments.run`` config
+with overrides, the seeds), the metric, the comparison protocol and a
+verdict rule from ``verdict``. The verdict is never written here: it is
+computed from a record (``records``) by the claim's rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# The comparison protocols a claim can name (what makes two arms
+# comparable). A sample-quality claim uses MATCHED_ENTROPY unless it says
+# why not: lower entropy alone lowers generative perplexity.
+EQUAL_STEPS = 'equal steps'
+EQUAL_FLOPS = 'equal training FLOPs'
+MATCHED_ENTROPY = 'matched entropy by temperature sweep'
+EQUAL_NFE = 'equal NFE'
+NAMED_BASELINE = 'named baseline'
+TARGET = 'target value'
+PAPER_VALUE = "the paper's value"
+EXACT = 'exact test'
+PROTOCOLS = (
+  EQUAL_STEPS,
+  EQUAL_FLOPS,
+  MATCHED_ENTROPY,
+  EQUAL_NFE,
+  NAMED_BASELINE,
+  TARGET,
+  PAPER_VALUE,
+  EXACT,
+)
+
+# Kinds of seeds a record can carry. Only training seeds (or an exact
+# test) can make a claim about training 'reproduced'; sampling seeds of
+# one model and repeated timing rounds cannot.
+TRAINING = 'training'
+SAMPLING = 'sampling'
+ROUNDS = 'rounds'
+SEED_KINDS = (TRAINING, SAMPLING, ROUNDS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+  """One arm: a config of ``experiments.run`` and the keys it overrides.
+
+  ``config`` is the ``--config`` value (path and preset argument);
+  ``overrides`` are ``--config.KEY=VALUE`` pairs; ``init_from`` names
+  another arm whose run of the same seed this one starts from;
+  ``smoke_config`` replaces ``config`` at the test-only smoke budget when
+  appending the ``smoke`` preset does not give a valid argument, and
+  ``paper_config`` at the paper's budget; ``smoke_overrides`` replace
+  ``overrides`` at the smoke budget (e.g. a block size that fits its
+  shorter sequences).
+  """
+
+  name: str
+  config: str
+  overrides: tuple[tuple[str, Any], ...] = ()
+  init_from: str = ''
+  smoke_config: str = ''
+  paper_config: str = ''
+  smoke_overrides: tuple[tuple[str, Any], ...] | None = None
+
+  def overrides_for(self, budget: str) -> tuple[tuple[str, Any], ...]:
+    """The overrides at a budget (the smoke preset may need its own)."""
+    if budget == 'smoke' and self.smoke_overrides is not None:
+      return self.smoke_overrides
+    return self.overrides
+
+  def config_for(self, budget: str) -> str:
+    """The --config value at a budget ('smoke' adds the smoke preset)."""
+    if budget == 'paper' and self.paper_config:
+      return self.paper_config
+    if budget != 'smoke':
+      return self.config
+    if self.smoke_config:
+      return self.smoke_config
+    sep = ',' if ':' in self.config else ':'
+    return f'{self.config}{sep}smoke'
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One paper claim and how this suite checks it.
+
+  Attributes:
+    id: short stable name (``python -m experiments.reproduce ID``).
+    family: the evidence section of docs/RESULTS.md it belongs to.
+    paper: short title of the paper (or 'project target').
+    arxiv: arXiv id, '' for the project's own targets.
+    table: where in the paper the number is ('Table 2', 'Sec. 5', ...).
+    statement: the claim, in one sentence.
+    paper_value: the paper's number as the paper reports it.
+    metric: what is measured, with its unit.
+    protocol: one of ``PROTOCOLS``.
+    rule: a rule of ``verdict`` that turns a record into a verdict.
+    arms: the runs ``experiments.reproduce`` trains (empty: the claim is
+      measured by the command below, not by ``experiments.run`` arms).
+    metric_key: dotted key of the metric in each run's summary.json.
+    metric_scale: factor from the summary's value to the metric's unit.
+    seeds: the seeds a full reproduction runs.
+    command: the command that reproduces the measurement.
+    bound: the bound convention of likelihood numbers ('full', 'mdlm',
+      'exact NLL') or ''.
+    budget_fraction: our training budget over the paper's (sequences
+      seen, or model scale where that is what limits the claim); None
+      when the claim does not depend on a training budget.
+    budget_floor: below this fraction a result against the claim is
+      'inconclusive at this budget', not a miss.
+    cost_minutes: rough wall time of a full reproduction on 2 CPU cores.
+    accelerator: True for claims that only an accelerator run can settle.
+  """
+
+  id: str
+  family: str
+  paper: str
+  arxiv: str
+  table: str
+  statement: str
+  paper_value: str
+  metric: str
+  protocol: str
+  rule: Any
+  arms: tuple[Arm, ...] = ()
+  metric_key: str = 'validation.bits_per_token'
+  metric_scale: float = 1.0
+  seeds: tuple[int, ...] = (0, 1, 2)
+  command: str = ''
+  bound: str = ''
+  budget_fraction: float | None = None
+  budget_floor: float = 0.01
+  cost_minutes: float = 0.0
+  accelerator: bool = False
+
+  def __post_init__(self):
+    if self.protocol not in PROTOCOLS:
+      raise ValueError(
+        f'claim {self.id}: protocol {self.protocol!r} is not one of {PROTOCOLS}'
+      )
+    names = [a.name for a in self.arms]
+    if len(set(names)) != len(names):
+      raise ValueError(f'claim {self.id}: arm names repeat: {names}')
+    for arm in self.arms:
+      if arm.init_from and arm.init_from not in names:
+        raise ValueError(
+          f'claim {self.id}: arm {arm.name} starts from unknown arm '
+          f'{arm.init_from!r}'
+        )
+
+
+# Sample entropies (bits) closer than this count as matched: at this
+# corpus's scale ~0.24 bits of sharpening moves gen-ppl by ~11, so 0.02
+# bits is worth about one gen-ppl point, the sampling noise of 32 samples.
+ENTROPY_TOL = 0.02
+
+
+def recipe(
+  id_, paper, arxiv, table, config, value, target, metric, bound='mdlm'
+):
+  """A paper-scale recipe: the paper's number, no record until it is run.
+
+  ``config`` is the file (and preset) under experiments/configs; the rule
+  asks for the paper's value or better (lower).
+  """
+  from experiments.claims.verdict import Threshold
+
+  return Claim(
+    id=id_,
+    family='paper recipes',
+    paper=paper,
+    arxiv=arxiv,
+    table=table,
+    statement=f"{config} reaches the paper's {value}.",
+    paper_value=value,
+    metric=metric,
+    protocol=PAPER_VALUE,
+    rule=Threshold('recipe', target, '<='),
+    arms=(Arm('recipe', f'experiments/configs/{config}'),),
+    seeds=(0,),
+    command=f'python -m experiments.reproduce {id_} --budget paper',
+    bound=bound,
+    budget_fraction=1.0,
+    accelerator=True,
+    cost_minutes=60 * 24 * 7,
+  )

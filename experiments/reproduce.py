@@ -1,0 +1,317 @@
+"""Reproduce a registered paper claim: train its arms, compute its verdict.
+
+  python -m experiments.reproduce --list
+  python -m experiments.reproduce CLAIM [--seeds=0,1,2] [--budget=cpu|paper]
+
+For a claim with arms (``experiments/claims``), every (arm, seed) run is an
+``experiments.run`` subprocess in RUNS_DIR/BUDGET/ARM_KEY/sSEED: a run whose
+summary.json has its final numbers is reused, an interrupted one resumes
+from its newest checkpoint (exit code 75 restarts it), so the command can be
+stopped and started again at any point. Runs are keyed by config and
+overrides, so claims that share an arm (the quickstart) share its runs. An
+arm with ``init_from`` starts from its base arm's run of the same seed.
+Claims checked by an exact test run that test with pytest.
+
+Then the metric is read from each run's summary.json, the verdict computed
+by the claim's rule, and a JSON record written to RECORDS_DIR (commit,
+date, host: CPU model and flags, jax/flax versions; seeds; this command;
+its wall time).
+``--budget=smoke`` shrinks every arm to its ``smoke`` preset: a test of the
+machinery whose verdict is always 'inconclusive at this budget'.
+Claims measured by a sweep or a benchmark (no arms) print their command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+from experiments import claims as registry
+from experiments.claims import records, spec
+from experiments.claims import verdict as verdict_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUDGETS = ('cpu', 'paper', 'smoke')
+RETRIES = 5  # Restarts after exit code 75 (SIGTERM saved a checkpoint).
+
+
+class UsageError(ValueError):
+  pass
+
+
+def parse_seeds(text: str | None, claim: spec.Claim) -> tuple[int, ...]:
+  if not text:
+    return claim.seeds
+  try:
+    seeds = tuple(int(s) for s in text.split(',') if s.strip())
+  except ValueError:
+    raise UsageError(
+      f'--seeds={text!r}: give comma-separated integers, e.g. --seeds=0,1,2'
+    ) from None
+  if not seeds or any(s < 0 for s in seeds):
+    raise UsageError(f'--seeds={text!r}: give seeds >= 0, e.g. 0,1,2')
+  return seeds
+
+
+def cost_text(minutes: float) -> str:
+  if minutes < 90:
+    return f'~{minutes:.0f} min'
+  if minutes < 60 * 48:
+    return f'~{minutes / 60:.1f} h'
+  return f'~{minutes / 60 / 24:.0f} d'
+
+
+def verdict_of(claim: spec.Claim, record: dict | None):
+  return verdict_lib.judge(
+    claim.rule, record, claim.budget_fraction, claim.budget_floor
+  )
+
+
+def list_claims(records_dir: str) -> str:
+  latest = records.latest(records_dir)
+  rows = []
+  for claim in registry.CLAIMS.values():
+    rec = latest.get(claim.id)
+    got = verdict_of(claim, rec)
+    where = 'accelerator' if claim.accelerator else 'cpu'
+    seeds = ''
+    if rec:
+      seeds = ','.join(str(s) for s in rec.get('seeds', [])) or '-'
+    todo = verdict_lib.next_step(got.label, rec, claim.accelerator)
+    rows.append(
+      (claim.id, got.label, seeds, cost_text(claim.cost_minutes), where, todo)
+    )
+  width = max(len(r[0]) for r in rows)
+  head = (
+    f'{"claim":<{width}}  {"verdict":<28} {"seeds":<8} {"cost":<9} '
+    f'{"where":<12} next'
+  )
+  lines = [head]
+  for r in rows:
+    lines.append(
+      f'{r[0]:<{width}}  {r[1]:<28} {r[2]:<8} {r[3]:<9} {r[4]:<12} {r[5]}'
+    )
+  return '\n'.join(lines)
+
+
+def arm_key(arm: spec.Arm, budget: str, claim: spec.Claim) -> str:
+  """A readable, stable directory name for (config, overrides, base)."""
+  config = arm.config_for(budget)
+  stem = os.path.basename(config).replace('.py', '')
+  stem = re.sub(r'[^A-Za-z0-9_.,-]+', '_', stem)
+  base = ''
+  if arm.init_from:
+    parent = next(a for a in claim.arms if a.name == arm.init_from)
+    base = arm_key(parent, budget, claim)
+  blob = json.dumps([config, list(arm.overrides_for(budget)), base])
+  digest = hashlib.sha1(blob.encode()).hexdigest()[:8]
+  return f'{stem}-{digest}'
+
+
+def _summary(workdir: str) -> dict | None:
+  path = os.path.join(workdir, 'summary.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def read_metric(summary: dict, key: str) -> float | None:
+  value = summary
+  for part in key.split('.'):
+    if not isinstance(value, dict) or part not in value:
+      return None
+    value = value[part]
+  return float(value)
+
+
+def _finished(summary: dict | None, claim: spec.Claim) -> bool:
+  return bool(summary) and read_metric(summary, claim.metric_key) is not None
+
+
+def run_arm(
+  claim: spec.Claim,
+  arm: spec.Arm,
+  seed: int,
+  budget: str,
+  runs_dir: str,
+  log=print,
+) -> str:
+  """Trains (or reuses, or resumes) one arm's run; returns its workdir."""
+  workdir = os.path.join(
+    runs_dir, budget, arm_key(arm, budget, claim), f's{seed}'
+  )
+  if _finished(_summary(workdir), claim):
+    log(f'  {arm.name} seed {seed}: finished, reused ({workdir})')
+    return workdir
+  cmd = [
+    sys.executable,
+    '-m',
+    'experiments.run',
+    f'--config={arm.config_for(budget)}',
+    f'--workdir={workdir}',
+    f'--config.seed={seed}',
+  ]
+  for key, value in arm.overrides_for(budget):
+    cmd.append(f'--config.{key}={value}')
+  if arm.init_from:
+    parent = next(a for a in claim.arms if a.name == arm.init_from)
+    base = os.path.join(
+      runs_dir, budget, arm_key(parent, budget, claim), f's{seed}'
+    )
+    cmd.append(f'--config.train.init_from={base}')
+  state = 'resuming' if os.path.isdir(workdir) else 'training'
+  log(f'  {arm.name} seed {seed}: {state}: {shlex.join(cmd[1:])}')
+  for _ in range(RETRIES + 1):
+    rc = subprocess.run(cmd, cwd=ROOT).returncode
+    if rc != 75:
+      break
+    log(f'  {arm.name} seed {seed}: interrupted with a checkpoint, resuming')
+  if rc != 0:
+    raise RuntimeError(
+      f'{arm.name} seed {seed} failed (exit {rc}); its log is above, its '
+      f'workdir {workdir}; run the same command again to resume'
+    )
+  if not _finished(_summary(workdir), claim):
+    raise RuntimeError(
+      f'{workdir}/summary.json has no {claim.metric_key}: the run did not '
+      'reach its final evaluation'
+    )
+  return workdir
+
+
+def measure_arms(claim, seeds, budget, runs_dir, log=print) -> dict:
+  """{arm: {seeds, values, stderr?, workdirs}} over the claim's arms."""
+  out = {}
+  for seed in seeds:
+    for arm in claim.arms:  # Bases are listed before the arms they start.
+      workdir = run_arm(claim, arm, seed, budget, runs_dir, log)
+      summary = _summary(workdir)
+      value = read_metric(summary, claim.metric_key) * claim.metric_scale
+      entry = out.setdefault(
+        arm.name, {'seeds': [], 'values': [], 'workdirs': []}
+      )
+      entry['seeds'].append(seed)
+      entry['values'].append(value)
+      entry['workdirs'].append(os.path.relpath(workdir, ROOT))
+      se = read_metric(summary, 'validation.bits_per_token_stderr')
+      if se is not None and claim.metric_key.startswith('validation.'):
+        entry.setdefault('stderr', []).append(se * claim.metric_scale)
+  return out
+
+
+def run_exact_test(claim: spec.Claim, log=print) -> dict:
+  test = claim.rule.test
+  log(f'  pytest {test}')
+  rc = subprocess.run(
+    [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', test],
+    cwd=ROOT,
+  ).returncode
+  return {'test': test, 'passed': rc == 0}
+
+
+def reproduce(
+  claim: spec.Claim,
+  seeds: tuple[int, ...],
+  budget: str,
+  runs_dir: str,
+  records_dir: str,
+  command: str,
+  log=print,
+) -> tuple[dict, verdict_lib.Verdict, str]:
+  now = datetime.datetime.now(datetime.UTC)
+  record = {
+    'claim': claim.id,
+    'source': 'python -m experiments.reproduce',
+    'commit': records.git_commit(ROOT),
+    'date': now.strftime('%Y-%m-%d %H:%M UTC'),
+    'host': records.host_info(),
+    'command': command,
+    'budget': budget,
+    'seeds': list(seeds),
+    'seed_kind': spec.TRAINING,
+    'arms': {},
+  }
+  if budget == 'paper':
+    record['budget_fraction'] = 1.0
+  start = time.perf_counter()
+  if isinstance(claim.rule, verdict_lib.ExactTest):
+    record['exact_test'] = run_exact_test(claim, log)
+    record['seeds'] = []
+  else:
+    record['arms'] = measure_arms(claim, seeds, budget, runs_dir, log)
+  # Wall time of this command (reused runs cost nothing): a cost, not a
+  # benchmark, on a host that may be shared.
+  record['wall_seconds'] = round(time.perf_counter() - start, 1)
+  path = records.write(record, now.strftime('%Y%m%dT%H%M%SZ'), records_dir)
+  return record, verdict_of(claim, record), path
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+    prog='python -m experiments.reproduce',
+    description=__doc__.split('\n\n')[0],
+  )
+  parser.add_argument('claim', nargs='?', help='claim id (see --list)')
+  parser.add_argument('--list', action='store_true', help='every claim')
+  parser.add_argument('--seeds', help='comma-separated, e.g. 0,1,2')
+  parser.add_argument('--budget', default='cpu', choices=BUDGETS)
+  parser.add_argument('--runs_dir', default=os.path.join('runs', 'claims'))
+  parser.add_argument('--records_dir', default=records.RECORDS_DIR)
+  args = parser.parse_args(argv)
+  if args.list:
+    print(list_claims(args.records_dir))
+    return 0
+  try:
+    if not args.claim:
+      raise UsageError('name a claim, or --list to see them')
+    try:
+      claim = registry.get(args.claim)
+    except KeyError as e:
+      raise UsageError(e.args[0]) from None
+    seeds = parse_seeds(args.seeds, claim)
+  except UsageError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  exact = isinstance(claim.rule, verdict_lib.ExactTest)
+  if not claim.arms and not exact:
+    print(
+      f'{claim.id} is measured by a sweep or a benchmark, not by training '
+      f'arms; its command:\n  {claim.command}\nIts record in '
+      f'{os.path.relpath(args.records_dir, ROOT)} holds the numbers.'
+    )
+    return 3
+  command = 'python -m experiments.reproduce ' + shlex.join(
+    sys.argv[1:] if argv is None else argv
+  )
+  print(f'{claim.id}: {claim.statement}')
+  try:
+    record, got, path = reproduce(
+      claim,
+      seeds,
+      args.budget,
+      os.path.abspath(args.runs_dir),
+      args.records_dir,
+      command,
+    )
+  except RuntimeError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  for name, arm in record['arms'].items():
+    values = ', '.join(f'{x:.4f}' for x in arm['values'])
+    print(f'  {name}: {values}')
+  print(f'verdict: {got.label} ({got.reason})')
+  print(f'record: {path}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,315 @@
+"""Generates docs/RESULTS.md from the claims registry and their records.
+
+  python -m experiments.results_doc          # rewrite docs/RESULTS.md
+  python -m experiments.results_doc --check  # exit 1 if it is stale
+
+Nothing in docs/RESULTS.md is written by hand: the table of every claim,
+the list of what has not been run and the evidence sections all come from
+``experiments/claims`` (the claims and their rules) and
+``experiments/claims/records`` (what was measured), and every verdict is
+computed by ``experiments.claims.verdict``. tests/test_claims.py checks
+that the committed file equals this output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from experiments import claims as registry
+from experiments.claims import records, spec
+from experiments.claims import verdict as v
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PATH = os.path.join(ROOT, 'docs', 'RESULTS.md')
+
+INTRO = """\
+# Results
+
+Every claim this suite checks, the paper's number beside ours, and a
+verdict computed from the measured numbers by a stated rule. This file is
+generated (`python -m experiments.results_doc`) from the claims registry
+(`experiments/claims/`, one module per paper) and the records of what was
+measured (`experiments/claims/records/`); do not edit it by hand. Any
+claim is measured again, with a new record, by
+
+```
+python -m experiments.reproduce CLAIM [--seeds=0,1,2] [--budget=cpu|paper]
+python -m experiments.reproduce --list     # every claim, its verdict, its cost
+```
+
+**Verdicts.** *reproduced*: the claim holds on at least 3 training seeds
+(on every seed, and the mean by more than twice its standard error), or an
+exact test of it passes. *partial*: the mean points the claim's way, but
+too few training seeds, a seed against it, a difference inside the noise,
+or an unmatched protocol keep it from settling; sampling seeds of one
+model and repeated timing rounds never count as training seeds. *miss*:
+the measurement points against the claim. *inconclusive at this budget*:
+it points against the claim, but our training budget is below 1% of the
+paper's, which cannot settle it either way. *not run*: no record.
+Sample-quality comparisons are entropy-matched: an arm that wins with more
+than 0.02 bits less unigram entropy than its baseline is at most partial,
+because lower entropy alone lowers generative perplexity.
+
+**Bound conventions.** Masked-diffusion runs report the full bound by
+default (`process.bound='full'`): the prior term KL(q(z_1|x) || p(z_1)),
+the reconstruction at t_min and the (1 - t_min) factor on the diffusion
+term, which together make it a true upper bound on -log p(x) (an exact
+test checks this by enumeration). `--config.process.bound=mdlm` gives the
+convention of the published MDLM / MD4 numbers (no prior term,
+reconstruction at alpha(0)); BD3 keeps it, as its paper does. On one
+trained quickstart run the two differ by +0.0094 bits/char (3.383 full
+against 3.373 mdlm). The table says which convention each number uses.
+
+**Records transcribed from earlier notes.** Most records were transcribed
+from the numbers this file reported before it was generated (source
+`docs/RESULTS.md at commit 0816013, measured earlier, not rerun`), with
+the seeds and hosts they were measured on; their verdicts are computed by
+the same rules as new records. Where those notes gave only a mean and a
+spread, the record holds only that. How the numbers were reached, in
+order, is in `docs/HISTORY.md`.
+"""
+
+
+def _num(x: float) -> str:
+  if x == 0:
+    return '0'
+  mag = abs(x)
+  if mag >= 100:
+    return f'{x:.1f}'
+  if mag >= 10:
+    return f'{x:.2f}'
+  if mag >= 1:
+    return f'{x:.4f}' if mag < 5 else f'{x:.3f}'
+  return f'{x:.4g}'
+
+
+def arm_text(name: str, arm: dict) -> str:
+  st = v.stats(arm)
+  sd = '' if st.sd is None else f' +- {st.sd:.2g}'
+  return f'{name} {_num(st.mean)}{sd} (n={st.n})'
+
+
+def _rule_arms(rule) -> list[str]:
+  if isinstance(rule, v.Compare):
+    return [rule.arm, rule.baseline]
+  if isinstance(rule, (v.Threshold, v.Match)):
+    return [rule.arm]
+  if isinstance(rule, v.Ordering):
+    return list(rule.arms)
+  return []
+
+
+def ours_text(claim: spec.Claim, rec: dict | None) -> str:
+  if not rec:
+    return '-'
+  if isinstance(claim.rule, v.ExactTest):
+    passed = rec.get('exact_test', {}).get('passed')
+    return 'test passes' if passed else 'test fails'
+  parts = []
+  for name in _rule_arms(claim.rule):
+    arm = rec['arms'].get(name)
+    if arm:
+      parts.append(arm_text(name, arm))
+  return '; '.join(parts) or '-'
+
+
+def host_text(rec: dict | None) -> str:
+  if not rec:
+    return '-'
+  host = rec.get('host')
+  if isinstance(host, dict):
+    cores = f', {host.get("cores")} cores' if host.get('cores') else ''
+    return f'{host.get("cpu", "?")}{cores}, jax {host.get("jax")}'
+  return str(host).split(';')[0]
+
+
+def paper_text(claim: spec.Claim) -> str:
+  arxiv = f' ({claim.arxiv})' if claim.arxiv else ''
+  return f'{claim.paper}{arxiv}, {claim.table}'
+
+
+def _esc(text: str) -> str:
+  return text.replace('|', '\\|')
+
+
+def verdict_for(claim: spec.Claim, rec: dict | None) -> v.Verdict:
+  return v.judge(claim.rule, rec, claim.budget_fraction, claim.budget_floor)
+
+
+def render(records_dir: str = records.RECORDS_DIR) -> str:
+  latest = records.latest(records_dir)
+  out = [INTRO]
+  counts: dict[str, int] = {}
+  rows = []
+  for claim in registry.CLAIMS.values():
+    rec = latest.get(claim.id)
+    got = verdict_for(claim, rec)
+    counts[got.label] = counts.get(got.label, 0) + 1
+    when = f'{rec["commit"]}, {rec["date"]}' if rec else '-'
+    rows.append(
+      '| '
+      + ' | '.join(
+        _esc(x)
+        for x in (
+          f'[{claim.id}](#{claim.id})',
+          paper_text(claim),
+          claim.paper_value,
+          ours_text(claim, rec),
+          claim.metric,
+          claim.bound or '-',
+          claim.protocol,
+          f'**{got.label}**',
+          host_text(rec),
+          when,
+        )
+      )
+      + ' |'
+    )
+  summary = ', '.join(f'{counts[k]} {k}' for k in v.VERDICTS if k in counts)
+  out.append('## Every claim\n')
+  out.append(f'{len(registry.CLAIMS)} claims: {summary}.\n')
+  out.append(
+    "| claim | paper | paper's number | ours (mean +- sd over seeds) | "
+    'metric | bound | protocol | verdict | host | commit, date |'
+  )
+  out.append('|---|---|---|---|---|---|---|---|---|---|')
+  out.extend(rows)
+  out.append('')
+  out.append('## Not run\n')
+  out.append(
+    'Registered claims without a record (paper-scale recipes and '
+    'accelerator paths; their configs and commands exist and are tested '
+    'at smoke scale only):\n'
+  )
+  for claim in registry.CLAIMS.values():
+    if claim.id not in latest:
+      why = 'accelerator' if claim.accelerator else 'CPU'
+      out.append(
+        f'- `{claim.id}` ({why}, {claim.paper}): {claim.statement} '
+        f'Paper: {claim.paper_value}. Command: `{claim.command}`.'
+      )
+  out.append('')
+  out.append(
+    'Marked for the accelerator run (a budget 2 CPU cores cannot reach, '
+    'or a device path):\n'
+  )
+  for claim in registry.CLAIMS.values():
+    rec = latest.get(claim.id)
+    if rec is None:
+      continue
+    label = verdict_for(claim, rec).label
+    if v.next_step(label, rec, claim.accelerator) == 'accelerator run':
+      out.append(f'- `{claim.id}`: {claim.statement}')
+  out.append('')
+  out.append(
+    'Marked for a rerun (a record transcribed from earlier notes that is '
+    'neither reproduced nor a miss on 3 training seeds under the rules; '
+    'timings need an otherwise idle host):\n'
+  )
+  rerun = [
+    c.id
+    for c in registry.CLAIMS.values()
+    if c.id in latest
+    and v.next_step(
+      verdict_for(c, latest[c.id]).label, latest[c.id], c.accelerator
+    )
+    == 'rerun'
+  ]
+  out.append(', '.join(f'`{x}`' for x in rerun) + '.')
+  out.append('')
+  out.append('Not measured at all:\n')
+  out.append(
+    '- Pallas kernels compiled and timed on a TPU or GPU, the cuDNN and '
+    'splash attention backends on a device, and multi-host training on '
+    'real hardware: lowering is checked from the CPU by `jax.export` and '
+    'numerics in interpret mode (`tests/test_kernels_*.py`, '
+    '`tests/test_attention_backends.py`); none has run on an accelerator.'
+  )
+  out.append('')
+  out.append('## Evidence by family\n')
+  for family in registry.FAMILIES:
+    members = [c for c in registry.CLAIMS.values() if c.family == family]
+    if not members:
+      continue
+    out.append(f'### {family[0].upper() + family[1:]}\n')
+    for claim in members:
+      out.extend(_evidence(claim, latest.get(claim.id)))
+  return '\n'.join(out).rstrip() + '\n'
+
+
+def _evidence(claim: spec.Claim, rec: dict | None) -> list[str]:
+  got = verdict_for(claim, rec)
+  lines = [f'#### {claim.id}\n']
+  lines.append(
+    f'{claim.statement} Paper: {paper_text(claim)}: {claim.paper_value}. '
+    f'Metric: {claim.metric}; protocol: {claim.protocol}.'
+  )
+  if claim.budget_fraction is not None:
+    lines[-1] += (
+      f" Training budget: {claim.budget_fraction:.2g} of the paper's."
+    )
+  lines.append('')
+  lines.append(f'**{got.label}**: {got.reason}.')
+  lines.append('')
+  if claim.arms or isinstance(claim.rule, v.ExactTest):
+    lines.append(f'Reproduce: `python -m experiments.reproduce {claim.id}`')
+    lines.append('')
+  if not rec:
+    lines.append(f'Not run. Command: `{claim.command}`.')
+    lines.append('')
+    return lines
+  lines.append(
+    f'Record: {rec["source"]}; commit {rec["commit"]}, {rec["date"]}; '
+    f'host: {host_text(rec)}; seeds: '
+    f'{", ".join(map(str, rec.get("seeds", []))) or "-"} '
+    f'({rec.get("seed_kind", "training")}).'
+  )
+  if rec.get('notes'):
+    lines.append(rec['notes'])
+  lines.append('')
+  lines.append('```')
+  lines.append(rec['command'])
+  lines.append('```')
+  lines.append('')
+  if rec.get('arms'):
+    lines.append('| arm | values | mean +- sd | entropy bits |')
+    lines.append('|---|---|---|---|')
+    for name, arm in rec['arms'].items():
+      st = v.stats(arm)
+      if st.values is not None:
+        seeds = arm.get('seeds')
+        if seeds:
+          vals = ', '.join(f's{s}: {_num(x)}' for s, x in zip(seeds, st.values))
+        else:
+          vals = ', '.join(_num(x) for x in st.values)
+      else:
+        vals = 'summary only'
+      sd = '-' if st.sd is None else f'{st.sd:.2g}'
+      ent = arm.get('entropy')
+      ent = '-' if ent is None else str(ent)
+      lines.append(f'| {name} | {vals} | {_num(st.mean)} +- {sd} | {ent} |')
+    lines.append('')
+  return lines
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog='python -m experiments.results_doc')
+  parser.add_argument('--check', action='store_true')
+  args = parser.parse_args(argv)
+  text = render()
+  if args.check:
+    with open(PATH) as f:
+      if f.read() != text:
+        print('docs/RESULTS.md is stale: python -m experiments.results_doc')
+        return 1
+    return 0
+  with open(PATH, 'w') as f:
+    f.write(text)
+  print(f'wrote {os.path.relpath(PATH, ROOT)}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,329 @@
+"""Claims registry, verdict rules, records and the reproduce command.
+
+The rules are checked on synthetic records: every verdict is reachable and
+every rule can fail. The registry is checked for complete claims, the
+committed records for a computed verdict each, and docs/RESULTS.md for
+being exactly what ``experiments.results_doc`` generates.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from experiments import claims as registry
+from experiments.claims import records, spec
+from experiments.claims import verdict as v
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rec(arms, **kw):
+  return {'arms': arms, 'seed_kind': kw.pop('seed_kind', 'training'), **kw}
+
+
+def _arm(values, **kw):
+  return {'values': list(values), 'seeds': list(range(len(values))), **kw}
+
+
+# Threshold ----------------------------------------------------------------
+
+
+def test_threshold_reproduced_partial_and_miss():
+  rule = v.Threshold('a', 3.25, '<=')
+  good = _rec({'a': _arm([3.13, 3.10, 3.11])})
+  assert v.judge(rule, good).label == v.REPRODUCED
+  one_over = _rec({'a': _arm([3.13, 3.10, 3.30])})
+  assert v.judge(rule, one_over).label == v.PARTIAL
+  two_seeds = _rec({'a': _arm([3.13, 3.10])})
+  assert v.judge(rule, two_seeds).label == v.PARTIAL
+  assert v.judge(rule, _rec({'a': _arm([3.4, 3.3, 3.2])})).label == v.MISS
+
+
+def test_threshold_direction_and_summary_records():
+  rule = v.Threshold('a', 95.0, '>=')
+  assert v.judge(rule, _rec({'a': _arm([99, 100, 99.5])})).label == (
+    v.REPRODUCED
+  )
+  # A summary: the mean must clear the target by two standard errors.
+  clear = _rec({'a': {'mean': 99.0, 'sd': 0.5, 'n': 3}})
+  assert v.judge(rule, clear).label == v.REPRODUCED
+  close = _rec({'a': {'mean': 96.0, 'sd': 3.0, 'n': 3}})
+  assert v.judge(rule, close).label == v.PARTIAL
+
+
+def test_sampling_seeds_and_rounds_never_reproduce():
+  rule = v.Threshold('a', 2.0, '>=')
+  for kind in (spec.SAMPLING, spec.ROUNDS):
+    rec = _rec({'a': _arm([2.3, 2.2, 2.4, 2.5])}, seed_kind=kind)
+    got = v.judge(rule, rec)
+    assert got.label == v.PARTIAL
+    assert 'not training seeds' in got.reason
+
+
+# Compare -------------------------------------------------------------------
+
+
+def test_compare_paired_reproduced_partial_miss():
+  rule = v.Compare('sm', 'plain', 'lower')
+  rec = _rec(
+    {
+      'sm': _arm([3.2553, 3.2580, 3.2583]),
+      'plain': _arm([3.2583, 3.2604, 3.2614]),
+    }
+  )
+  assert v.judge(rule, rec).label == v.REPRODUCED
+  # One seed against the claim keeps it partial even when the mean agrees.
+  mixed = _rec({'sm': _arm([3.0, 3.1, 3.3]), 'plain': _arm([3.2, 3.3, 3.2])})
+  got = v.judge(rule, mixed)
+  assert got.label == v.PARTIAL and 'not on every seed' in got.reason
+  worse = _rec({'sm': _arm([3.3, 3.3, 3.3]), 'plain': _arm([3.2, 3.2, 3.2])})
+  assert v.judge(rule, worse).label == v.MISS
+
+
+def test_compare_noise_and_higher_is_better():
+  rule = v.Compare('a', 'b', 'higher')
+  # Every seed agrees but the gain is inside twice its standard error.
+  noisy = _rec({'a': _arm([1.0, 1.5, 9.0]), 'b': _arm([0.9, 1.4, 1.0])})
+  got = v.judge(rule, noisy)
+  assert got.label == v.PARTIAL and 'standard error' in got.reason
+  assert (
+    v.judge(rule, _rec({'a': _arm([5, 6, 7]), 'b': _arm([1, 2, 3])})).label
+    == v.REPRODUCED
+  )
+
+
+def test_compare_matched_entropy_caps_a_sharper_winner():
+  rule = v.Compare('u', 'm', 'lower', entropy_tol=0.02)
+  arms = {
+    'u': _arm([55.5, 58.5, 60.3], entropy=4.25),
+    'm': _arm([67.4, 68.2, 64.3], entropy=4.42),
+  }
+  got = v.judge(rule, _rec(arms))
+  assert got.label == v.PARTIAL and 'entropy' in got.reason
+  arms['u']['entropy'] = 4.41
+  assert v.judge(rule, _rec(arms)).label == v.REPRODUCED
+  # A winner with more entropy is not suspect.
+  arms['u']['entropy'] = 4.6
+  assert v.judge(rule, _rec(arms)).label == v.REPRODUCED
+  del arms['u']['entropy']
+  assert v.judge(rule, _rec(arms)).label == v.PARTIAL
+
+
+def test_compare_single_seed_uses_the_recorded_standard_errors():
+  rule = v.Compare('a', 'b', 'lower')
+  rec = _rec(
+    {
+      'a': {'values': [3.235], 'stderr': [0.009]},
+      'b': {'values': [3.290], 'stderr': [0.013]},
+    }
+  )
+  got = v.judge(rule, rec)
+  assert got.label == v.PARTIAL and '1 training seed' in got.reason
+
+
+# Match, Ordering, ExactTest -------------------------------------------------
+
+
+def test_match_within_and_outside_the_spreads():
+  rule = v.Match('m', 90.4, 10.4)
+  assert v.judge(rule, _rec({'m': _arm([84, 81, 88])})).label == (v.REPRODUCED)
+  tight = v.Match('m', 52.2, 0.4)
+  assert v.judge(tight, _rec({'m': _arm([47.0, 48.0, 49.0])})).label == (v.MISS)
+  assert v.judge(rule, _rec({'m': _arm([84])})).label == v.PARTIAL
+  # A wide spread makes any mean 'match': it is only partial.
+  lstm = v.Match('m', 100.0, 0.0)
+  got = v.judge(lstm, _rec({'m': _arm([49.4, 100.0, 48.2])}))
+  assert got.label == v.PARTIAL and 'spread' in got.reason
+
+
+def test_ordering_every_seed_means_only_and_wrong_order():
+  rule = v.Ordering(('a', 'b', 'c'))
+  ok = _rec({'a': _arm([1, 1, 1]), 'b': _arm([2, 2, 2]), 'c': _arm([3, 3, 3])})
+  assert v.judge(rule, ok).label == v.REPRODUCED
+  one_off = _rec(
+    {'a': _arm([1, 1, 2.5]), 'b': _arm([2, 2, 2]), 'c': _arm([3, 3, 3])}
+  )
+  assert v.judge(rule, one_off).label == v.PARTIAL
+  wrong = _rec(
+    {'a': _arm([3, 3, 3]), 'b': _arm([2, 2, 2]), 'c': _arm([1, 1, 1])}
+  )
+  assert v.judge(rule, wrong).label == v.MISS
+
+
+def test_exact_test_passes_fails_or_was_not_run():
+  rule = v.ExactTest('tests/x.py::test_y')
+  assert v.judge(rule, {'arms': {}, 'exact_test': {'passed': True}}).label == (
+    v.REPRODUCED
+  )
+  assert v.judge(rule, {'arms': {}, 'exact_test': {'passed': False}}).label == (
+    v.MISS
+  )
+  assert v.judge(rule, {'arms': {}}).label == v.NOT_RUN
+
+
+def test_budget_turns_a_miss_into_inconclusive_but_not_a_success():
+  rule = v.Threshold('a', 95.0, '>=')
+  miss = _rec({'a': _arm([1.6, 2.0, 1.2])})
+  assert v.judge(rule, miss, budget_fraction=0.005).label == v.INCONCLUSIVE
+  assert v.judge(rule, miss, budget_fraction=0.05).label == v.MISS
+  # The record's own budget wins over the claim's.
+  rec = dict(miss, budget_fraction=0.5)
+  assert v.judge(rule, rec, budget_fraction=0.005).label == v.MISS
+  solved = _rec({'a': _arm([99, 100, 99])})
+  assert v.judge(rule, solved, budget_fraction=0.005).label == v.REPRODUCED
+  smoke = dict(solved, budget='smoke')
+  assert v.judge(rule, smoke).label == v.INCONCLUSIVE
+
+
+def test_next_step_marks_accelerator_and_rerun_claims():
+  old = {'source': 'docs/RESULTS.md at commit x, measured earlier, not rerun'}
+  new = {'source': 'python -m experiments.reproduce'}
+  assert v.next_step(v.INCONCLUSIVE, old, False) == 'accelerator run'
+  assert v.next_step(v.NOT_RUN, None, True) == 'accelerator run'
+  assert v.next_step(v.PARTIAL, old, False) == 'rerun'
+  assert v.next_step(v.MISS, new, False) == ''
+  settled = dict(old, seeds=[0, 1, 2], seed_kind='training')
+  assert v.next_step(v.MISS, settled, False) == ''
+  assert v.next_step(v.MISS, dict(settled, seed_kind='sampling'), False) == (
+    'rerun'
+  )
+  assert v.next_step(v.REPRODUCED, old, False) == ''
+
+
+def test_no_record_or_missing_arm_is_not_run():
+  rule = v.Threshold('a', 1.0)
+  assert v.judge(rule, None).label == v.NOT_RUN
+  assert v.judge(rule, _rec({'b': _arm([0.5])})).label == v.NOT_RUN
+
+
+# Registry and records ------------------------------------------------------
+
+
+def test_every_claim_is_complete():
+  assert len(registry.CLAIMS) >= 60
+  for claim in registry.CLAIMS.values():
+    # Ids are command-line names and markdown anchors.
+    assert re.fullmatch(r'[a-z0-9]+(-[a-z0-9]+)*', claim.id), claim.id
+    assert claim.statement and claim.paper_value and claim.metric, claim.id
+    assert claim.protocol in spec.PROTOCOLS
+    assert claim.command, claim.id
+    assert claim.arxiv == '' or len(claim.arxiv.split('.')) == 2, claim.id
+    for arm in claim.arms:
+      cfg = arm.config.split(':')[0]
+      assert os.path.exists(os.path.join(ROOT, cfg)), (claim.id, cfg)
+
+
+def test_unknown_claim_names_the_closest():
+  with pytest.raises(KeyError, match='quickstart-bound'):
+    registry.get('quickstart-bund')
+
+
+def test_committed_records_are_valid_and_every_verdict_is_computed():
+  latest = records.latest()
+  assert latest, 'no records committed'
+  for claim_id, rec in latest.items():
+    assert claim_id in registry.CLAIMS, claim_id
+    assert 'verdict' not in rec, f'{claim_id}: a verdict is never typed'
+    claim = registry.CLAIMS[claim_id]
+    got = v.judge(claim.rule, rec, claim.budget_fraction, claim.budget_floor)
+    assert got.label in v.VERDICTS
+  # Every claim that is not an accelerator or paper-scale run has a record.
+  missing = [
+    c.id
+    for c in registry.CLAIMS.values()
+    if c.id not in latest and not c.accelerator
+  ]
+  assert not missing, missing
+
+
+def test_a_record_without_values_is_refused(tmp_path):
+  bad = {
+    'claim': 'x',
+    'source': 's',
+    'commit': 'c',
+    'date': 'd',
+    'host': {},
+    'command': 'c',
+    'arms': {'a': {'seeds': [0]}},
+  }
+  with pytest.raises(ValueError, match='neither values nor a mean'):
+    records.write(bad, 't', str(tmp_path))
+  del bad['command']
+  with pytest.raises(ValueError, match='command'):
+    records.validate(bad)
+
+
+def test_results_doc_is_generated_from_the_records():
+  from experiments import results_doc
+
+  with open(os.path.join(ROOT, 'docs', 'RESULTS.md')) as f:
+    committed = f.read()
+  assert committed == results_doc.render(), (
+    'docs/RESULTS.md is stale: python -m experiments.results_doc'
+  )
+
+
+# The reproduce command ------------------------------------------------------
+
+
+def _reproduce(*args, cwd=ROOT):
+  return subprocess.run(
+    [sys.executable, '-m', 'experiments.reproduce', *args],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
+
+
+def test_list_shows_every_claim_with_a_verdict_and_a_cost():
+  out = _reproduce('--list')
+  assert out.returncode == 0, out.stderr
+  lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+  for claim_id in registry.CLAIMS:
+    row = [ln for ln in lines if ln.split()[0] == claim_id]
+    assert row, claim_id
+    assert any(label in row[0] for label in v.VERDICTS), row[0]
+    assert re.search(r'~\d+(\.\d)? (min|h|d)\b', row[0]), row[0]
+
+
+def test_unknown_claim_and_bad_seeds_are_refused():
+  out = _reproduce('no-such-claim')
+  assert out.returncode == 2 and 'no claim' in out.stderr
+  out = _reproduce('quickstart-bound', '--seeds', 'x')
+  assert out.returncode == 2 and 'seeds' in out.stderr
+
+
+@pytest.mark.slow
+def test_reproduce_smoke_writes_a_record_and_reuses_finished_runs(tmp_path):
+  args = (
+    'quickstart-bound',
+    '--budget',
+    'smoke',
+    '--seeds',
+    '0',
+    '--runs_dir',
+    str(tmp_path / 'runs'),
+    '--records_dir',
+    str(tmp_path / 'records'),
+  )
+  out = _reproduce(*args)
+  assert out.returncode == 0, out.stdout + out.stderr
+  files = sorted((tmp_path / 'records').iterdir())
+  assert len(files) == 1
+  rec = json.loads(files[0].read_text())
+  assert rec['budget'] == 'smoke' and rec['seeds'] == [0]
+  assert rec['host']['jax'] and rec['host']['cpu'] and rec['commit']
+  assert rec['arms']['quickstart']['values'][0] > 0
+  assert 'experiments.reproduce quickstart-bound' in rec['command']
+  assert rec['wall_seconds'] > 0
+  assert 'inconclusive at this budget' in out.stdout
+  # A second call finds the finished run and does not train again.
+  again = _reproduce(*args)
+  assert again.returncode == 0
+  assert 'finished, reused' in again.stdout
+  assert len(list((tmp_path / 'records').iterdir())) == 2
