@@ -196,7 +196,7 @@ def test_accumulation_weights_micro_batches_by_their_tokens():
 
 def test_a_step_dependent_process_sees_the_global_step(monkeypatch):
   """Processes with uses_step (Duo's curriculum) get state.step, per
-  micro-batch too; other processes get no step argument at all."""
+  micro-batch too; other processes get step=None (every loss takes it)."""
   import optax
 
   from ddlm_jax.training.state import TrainState
@@ -212,7 +212,8 @@ def test_a_step_dependent_process_sees_the_global_step(monkeypatch):
   class PlainProcess(StepProcess):
     uses_step = False
 
-    def loss(self, apply, key, x_BxL, loss_mask_BxL=None):
+    def loss(self, apply, key, x_BxL, loss_mask_BxL=None, *, step=None):
+      assert step is None, 'a process without uses_step saw the step'
       return super().loss(apply, key, x_BxL, loss_mask_BxL, step=jnp.int32(0))
 
   monkeypatch.setattr(steps, 'make_apply', lambda graphdef, params: None)

@@ -165,6 +165,7 @@ def test_transformer_flops_match_xla_cost_analysis():
 @pytest.mark.slow
 def test_load_run_samples_and_scores_with_an_ar_scorer(tmp_path, capsys):
   from ddlm_jax.evaluation.sample_run import sample_and_score
+  from ddlm_jax.training.checkpoint import Checkpointer
   from ddlm_jax.training.run import Run, load_run
   from experiments.configs import quickstart
 
@@ -179,8 +180,11 @@ def test_load_run_samples_and_scores_with_an_ar_scorer(tmp_path, capsys):
   run = Run(c, workdir)
   with open(os.path.join(workdir, 'config.json'), 'w') as f:
     json.dump(c.to_dict(), f)
-  run.checkpointer.save(1, run.state, {}, force=True)
-  run.checkpointer.close()
+  writer = Checkpointer(os.path.join(workdir, 'checkpoints'))
+  writer.save(1, run.state, {}, force=True)
+  writer.close()
+  with pytest.raises(ValueError, match='reader'):
+    run.checkpointer.save(2, run.state, {}, force=True)
   with pytest.raises(FileNotFoundError, match='config.json'):
     load_run(str(tmp_path))
   run = load_run(workdir, {'sample.sampler': 'eb:gamma=0.5'})

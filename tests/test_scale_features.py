@@ -15,6 +15,7 @@ from ddlm_jax.evaluation import summarize_nll
 from ddlm_jax.models import Transformer, TransformerConfig
 from ddlm_jax.parallel import make_mesh
 from ddlm_jax.training import loop
+from ddlm_jax.training.checkpoint import Checkpointer
 from ddlm_jax.training.steps import _grads, loss_fn
 from experiments.configs import quickstart
 
@@ -113,8 +114,9 @@ def test_checkpoint_saved_on_one_mesh_restores_on_another(tmp_path):
   c.mesh.shape = (1, 1, 1)
   workdir = str(tmp_path)
   single = loop.Run(c, workdir)
-  single.checkpointer.save(3, single.state, {'next_index': 24})
-  single.checkpointer.wait()
+  writer = Checkpointer(os.path.join(workdir, 'checkpoints'))
+  writer.save(3, single.state, {'next_index': 24})
+  writer.wait()
   c8 = quickstart.get_config('smoke')
   c8.mesh.shape = (2, 2, 2)
   c8.train.batch_size = 8
@@ -127,7 +129,7 @@ def test_checkpoint_saved_on_one_mesh_restores_on_another(tmp_path):
     single.state.params,
     sharded.state.params,
   )
-  single.checkpointer.close()
+  writer.close()
   sharded.checkpointer.close()
   assert os.path.exists(os.path.join(workdir, 'checkpoints', '3'))
 

@@ -451,7 +451,7 @@ def load_tokenizer(directory: str | pathlib.Path) -> Tokenizer:
   try:
     config = json.loads(path.read_text(encoding='utf-8'))
   except (json.JSONDecodeError, UnicodeDecodeError) as err:
-    from ddlm_jax.training.faults import CorruptFileError
+    from ddlm_jax.errors import CorruptFileError
 
     raise CorruptFileError(
       f'{path} is corrupt or truncated ({err}); delete {path.parent} to '

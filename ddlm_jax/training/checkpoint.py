@@ -41,6 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ddlm_jax.errors import (  # noqa: F401  (re-exported)
+  CheckpointSaveError,
+  NoCheckpointError,
+)
 from ddlm_jax.training.faults import AllCheckpointsCorruptError, os_error_reason
 
 log = logging.getLogger(__name__)
@@ -55,10 +59,6 @@ _FORMAT = 2  # meta['format']; 1 (absent) = only a params shape manifest.
 
 class IncompatibleCheckpointError(ValueError):
   """The checkpoint's shapes do not match the model built from the config."""
-
-
-class NoCheckpointError(FileNotFoundError):
-  """A run directory without a checkpoint to restore."""
 
 
 def has_checkpoint(directory: str) -> bool:
@@ -86,10 +86,6 @@ def no_checkpoint(workdir: str) -> NoCheckpointError:
 
 class NonFiniteStateError(FloatingPointError):
   """The state to save holds NaN/Inf; saving it would poison the resume."""
-
-
-class CheckpointSaveError(RuntimeError):
-  """Writing a checkpoint failed; the previous checkpoints are untouched."""
 
 
 class _UnreadableError(Exception):
@@ -444,6 +440,12 @@ class Checkpointer:
     (background) save failed.
     """
     step = int(step)
+    if self.read_only:
+      raise ValueError(
+        f'this Checkpointer of {self.directory} is a reader (read_only=True) '
+        'and writes nothing; save through a Checkpointer(read_only=False), '
+        "which the run holding the workdir's lock owns."
+      )
     self._settle('while finishing the previous save')
     flat = _flat(state)
     stats = _stats(flat)

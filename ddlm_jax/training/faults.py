@@ -15,6 +15,14 @@ import errno
 import json
 import os
 
+from ddlm_jax.errors import (
+  AllCheckpointsCorruptError,
+  CheckpointSaveError,
+  CorruptFileError,
+  NoCheckpointError,
+  WorkdirLockedError,
+)
+
 # Exit codes (sysexits.h where one fits). Distinct per class of fault.
 OK = 0
 BUG = 1  # Any other exception: Python's own exit status, with traceback.
@@ -31,14 +39,6 @@ LOST_PROCESS = 134
 
 # Codes a retry loop restarts on (the run resumes from its checkpoint).
 RETRYABLE = (PREEMPTED, LOST_PROCESS)
-
-
-class CorruptFileError(ValueError):
-  """A file the run needs exists but cannot be parsed (named in the text)."""
-
-
-class AllCheckpointsCorruptError(ValueError):
-  """Checkpoints exist but none can be restored; no silent fresh start."""
 
 
 _WRITE_ERRNOS = {
@@ -106,12 +106,6 @@ def explain(
 
   workdir: named as the place of a write error that names no file.
   """
-  from ddlm_jax.training.checkpoint import (
-    CheckpointSaveError,
-    NoCheckpointError,
-  )
-  from ddlm_jax.training.workdir_lock import WorkdirLockedError
-
   name = type(err).__name__
   if isinstance(err, CheckpointSaveError):
     return WRITE_FAILED, one_line(err)

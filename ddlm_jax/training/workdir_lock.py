@@ -21,13 +21,11 @@ import os
 import socket
 import sys
 
+from ddlm_jax.errors import WorkdirLockedError  # noqa: F401  (re-exported)
+
 log = logging.getLogger(__name__)
 
 LOCK_NAME = '.lock'
-
-
-class WorkdirLockedError(RuntimeError):
-  """Another live process holds the workdir's lock."""
 
 
 def _pid_alive(pid: int) -> bool:
