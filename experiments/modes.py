@@ -5,10 +5,10 @@ scripts can dispatch without flags.
 """
 
 from ddlm_jax.planning.trainer import run_planner_executor
-from ddlm_jax.training import classification, loop
+from ddlm_jax.training import classification, loop, plan
 
 MODES = {
-  'lm': ('train', 'eval', 'sample'),
+  'lm': ('train', 'eval', 'sample', 'plan'),
   'state_tracking': ('train', 'eval'),
   'planner_executor': ('train', 'eval'),
 }
@@ -32,6 +32,8 @@ def check_mode(config, mode: str) -> str:
 def run(config, workdir: str, mode: str = 'train', split: str = 'validation'):
   """Runs `mode` for the config's kind; returns its summary or result."""
   kind = check_mode(config, mode)
+  if mode == 'plan':  # In-process: the devices this process already has.
+    return plan.write_plan(config, workdir)
   if kind == 'state_tracking':
     if mode == 'eval':
       return classification.evaluate_checkpoint(config, workdir)

@@ -2,10 +2,10 @@
 
 Overrides: --config.a.b=value (a typo in a key is an error). Presets:
 --config=experiments/configs/quickstart.py:smoke. Modes: train (default;
-trains, evaluates and samples), eval, sample, as the config's declared
-`kind` supports them:
+trains, evaluates and samples), eval, sample, plan, as the config's
+declared `kind` supports them:
 
-  lm                train, eval [--split=test], sample
+  lm                train, eval [--split=test], sample, plan [--devices=N]
   state_tracking    train, eval (test accuracy of the newest checkpoint)
   planner_executor  train, eval (every stage trained already)
 
@@ -22,6 +22,7 @@ from ml_collections import config_flags
 
 from ddlm_jax.evaluation.sample_run import name_samples
 from ddlm_jax.parallel import initialize_distributed, keep_freed_memory
+from ddlm_jax.training import plan
 from ddlm_jax.training.checkpoint import CheckpointSaveError
 from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
 from ddlm_jax.training.progress import mode_summary
@@ -34,7 +35,12 @@ _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Experiment config file (path[:preset]).', lock_config=True
 )
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.')
-_MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'sample'], '')
+_MODE = flags.DEFINE_enum(
+  'mode', 'train', ['train', 'eval', 'sample', 'plan'], ''
+)
+_DEVICES = flags.DEFINE_integer(
+  'devices', None, '--mode=plan: fake devices for a mesh with a -1.'
+)
 _SPLIT = flags.DEFINE_string('split', 'validation', 'Split for --mode=eval.')
 _NAME = flags.DEFINE_string(
   'name', '', 'Sample files samples_NAME.txt (default: the next free number).'
@@ -62,6 +68,9 @@ def main(argv):
   try:
     keep_freed_memory()  # Before JAX starts its threads; host_memory.py.
     check_mode(config, _MODE.value)  # Before the distributed start-up.
+    if _MODE.value == 'plan':  # Compiles on fake devices; trains nothing.
+      plan.launch(config, workdir, _DEVICES.value)
+      return
     name_samples(config, workdir, _NAME.value)  # Refuses a taken name.
     initialize_distributed()
     result = run(config, workdir, _MODE.value, _SPLIT.value)
