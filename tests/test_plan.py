@@ -227,3 +227,19 @@ def test_plan_mode_from_the_command_line(tmp_path):
   plan = json.loads((tmp_path / 'plan.json').read_text())
   assert plan['devices'] == 2
   assert 'fits' in out.stdout
+
+
+def test_device_check_plan_section_compares_plan_and_device():
+  from experiments.benchmarks import device_check as dc
+
+  sizes = dc.Sizes.tiny()
+  out = dc.plan_check(sizes, dc.Budget(60), 'xla')
+  # On CPU the device is the host: planned and compiled are one program.
+  assert out['planned_peak_bytes_cpu'] == out['compiled_peak_bytes_here']
+  assert out['planned_flops_cpu'] == pytest.approx(
+    out['compiled_flops_here'], rel=0.01
+  )
+  assert out['step_ms'] > 0
+  assert 'plan (' in dc.report(
+    {'device': 'cpu', 'backend': 'cpu', 'kernels': [], 'plan': out}
+  )
