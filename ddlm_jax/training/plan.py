@@ -379,7 +379,7 @@ def plan_lm(spec: LMSpec, *, sections=('train', 'remat', 'eval', 'sample')):
     'label': spec.label,
     'devices': devices,
     'mesh': dict(mesh.shape),
-    'platform': jax.devices()[0].platform,
+    'platform': mesh.devices.flat[0].platform,
     'settings': dict(spec.settings),
     'params': n_params,
     'params_by_module': params_by_module(params),
