@@ -190,6 +190,8 @@ def test_plan_of_a_config_compiles_every_program(tmp_path):
   saved = json.loads((tmp_path / 'plan.json').read_text())
   assert saved['params'] == plan['params']
   assert 'H200' in plan_lib.table(plan)
+  row = plan_lib.markdown_rows({'bd3': plan}).splitlines()[-1]
+  assert row.startswith(f'| bd3 | 2 | {plan["params"] / 1e6:.1f}M |')
 
 
 def test_plan_refuses_bad_device_counts():

@@ -750,3 +750,35 @@ def write_plan(config, workdir: str, devices: int | None = None) -> dict:
   plan = plan_config(config, devices)
   write(plan, workdir)
   return plan
+
+
+def markdown_rows(plans: Mapping[str, Mapping], chips=('v5p', 'H100')):
+  """One docs/LAUNCH.md table row per named plan: params, FLOPs per step,
+  peak memory per chip, fits and run days on `chips`."""
+  head = (
+    '| plan | devices | params | FLOPs/step | peak GiB/chip | '
+    + ' | '.join(f'fits {c}' for c in chips)
+    + ' | '
+    + ' | '.join(f'days on {c}' for c in chips)
+    + ' |'
+  )
+  lines = [head, '|' + '---|' * (5 + 2 * len(chips))]
+  for name, p in plans.items():
+    est = p['estimates']['per_accelerator']
+    fits = [
+      'yes'
+      if p['fits'][c]['fits']
+      else 'no: '
+      + ', '.join(s.replace('--config.', '') for s in p['fits'][c]['switches'])
+      for c in chips
+    ]
+    lines.append(
+      f'| {name} | {p["devices"]} | {p["params"] / 1e6:.1f}M | '
+      f'{p["flops"]["train_step"]:.3g} | '
+      f'{p["memory_per_device"]["peak"] / 2**30:.1f} | '
+      + ' | '.join(fits)
+      + ' | '
+      + ' | '.join(f'{est[c]["run_days"]:.2f}' for c in chips)
+      + ' |'
+    )
+  return '\n'.join(lines)
