@@ -9,7 +9,7 @@ from ddlm_jax.training import classification, loop, plan
 
 MODES = {
   'lm': ('train', 'eval', 'sample', 'plan'),
-  'state_tracking': ('train', 'eval'),
+  'state_tracking': ('train', 'eval', 'plan'),
   'planner_executor': ('train', 'eval'),
 }
 

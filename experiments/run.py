@@ -6,7 +6,7 @@ trains, evaluates and samples), eval, sample, plan, as the config's
 declared `kind` supports them:
 
   lm                train, eval [--split=test], sample, plan [--devices=N]
-  state_tracking    train, eval (test accuracy of the newest checkpoint)
+  state_tracking    train, eval (test accuracy of the newest checkpoint), plan
   planner_executor  train, eval (every stage trained already)
 
 The process keeps freed host memory for reuse (XLA:CPU would otherwise

@@ -245,3 +245,19 @@ def test_device_check_plan_section_compares_plan_and_device():
   assert 'plan (' in dc.report(
     {'device': 'cpu', 'backend': 'cpu', 'kernels': [], 'plan': out}
   )
+
+
+def test_plan_of_a_state_tracking_config(tmp_path):
+  """Any loop task plans through plan_task: its first batch's shapes."""
+  from experiments.configs import state_tracking
+
+  config = state_tracking.get_config('pdssm,parity,smoke')
+  assert plan_lib.devices_needed(config, None) == 1
+  plan = plan_lib.write_plan(config, str(tmp_path))
+  assert plan['devices'] == 1
+  assert plan['flops']['train_step'] > 0
+  mem = plan['memory_per_device']
+  # The best-validation copy of the parameters rides in state.extra.
+  assert mem['state_extra'] >= mem['state_params'] > 0
+  assert plan['batch_per_device'] == config.train.batch_size
+  assert 'v5e' in plan_lib.table(plan)

@@ -264,9 +264,18 @@ class LMSpec:
 
 
 def abstract_train(build, tx, mesh, ema: bool):
-  """(graphdef, abstract TrainState with shardings, shardings, params)."""
+  """(graphdef, abstract TrainState with shardings, shardings) of an nnx
+  builder, its parameters sharded by their logical axes."""
   graphdef, abstract_params = split_model(build)
-  init = module_init(build)
+  state, shardings = abstract_state_of(
+    module_init(build), tx, mesh, ema, param_shardings(abstract_params, mesh)
+  )
+  return graphdef, state, shardings
+
+
+def abstract_state_of(init, tx, mesh, ema: bool, p_shard=None, extra=None):
+  """(abstract TrainState with shardings, shardings): init_state's state,
+  shapes only. `p_shard` defaults to replicated parameters."""
 
   def make(rng):
     params = init(rng)
@@ -277,12 +286,14 @@ def abstract_train(build, tx, mesh, ema: bool):
       ema_params=params if ema else None,
       rng=jax.random.fold_in(rng, 1),
       bad_step=jnp.full((), -1, jnp.int32),
+      extra=None if extra is None else extra(params),
     )
 
   shapes = jax.eval_shape(make, jax.random.key(0))
-  p_shard = param_shardings(abstract_params, mesh)
+  if p_shard is None:
+    p_shard = jax.tree.map(lambda _: replicated(mesh), shapes.params)
   shardings = train_state_shardings(shapes, p_shard, mesh)
-  return graphdef, abstract_state(shapes, shardings), shardings
+  return abstract_state(shapes, shardings), shardings
 
 
 def _batch(mesh, size: int, length: int, loss_mask: bool) -> dict:
@@ -359,56 +370,19 @@ def plan_lm(spec: LMSpec, *, sections=('train', 'remat', 'eval', 'sample')):
   t0 = time.perf_counter()
   mesh = spec.mesh
   devices = _devices_of(mesh)
-  data_ways = mesh.shape['data'] * mesh.shape['fsdp']
   step, state, shardings, graphdef = compile_train_step(spec, spec.remat)
   compile_s = {'train': time.perf_counter() - t0}
-  mem = memory_of(step)
-  params = state.params
-  n_params = int(sum(math.prod(x.shape) for x in jax.tree.leaves(params)))
-  state_dev = {
-    'params': tree_bytes(params, shardings.params),
-    'optimizer': tree_bytes(state.opt_state, shardings.opt_state),
-    'ema': tree_bytes(state.ema_params, shardings.ema_params)
-    if state.ema_params is not None
-    else 0,
-  }
-  state_total = sum(state_dev.values())
   tokens = spec.batch_size * spec.seq_len
-  step_flops_dev = flops_of(step)
-  result = {
-    'label': spec.label,
-    'devices': devices,
-    'mesh': dict(mesh.shape),
-    'platform': mesh.devices.flat[0].platform,
-    'settings': dict(spec.settings),
-    'params': n_params,
-    'params_by_module': params_by_module(params),
-    'paper_params': spec.paper_params or None,
-    'tokens_per_step': tokens,
-    'batch_per_device': spec.batch_size // data_ways,
-    'flops': {
-      'train_step_per_device': step_flops_dev,
-      'train_step': step_flops_dev * devices,
-      'per_token': step_flops_dev * devices / tokens,
-    },
-    'memory_per_device': {
-      **{f'state_{k}': v for k, v in state_dev.items()},
-      'arguments': mem['argument'],
-      'outputs': mem['output'],
-      'aliased': mem['alias'],
-      'activations_and_temporaries': mem['temp'],
-      'peak': mem['peak'],
-      'remat': spec.remat,
-    },
-    'largest_tensor_per_device': largest_tensor(step.as_text()),
-    'checkpoint_bytes': tree_bytes(
-      {
-        'params': state.params,
-        'opt': state.opt_state,
-        'ema': state.ema_params,
-      }
-    ),
-  }
+  result = step_report(
+    step, state, shardings, mesh, tokens=tokens, batch_size=spec.batch_size
+  )
+  mem = memory_of(step)
+  result['memory_per_device']['remat'] = spec.remat
+  result.update(
+    label=spec.label,
+    settings=dict(spec.settings),
+    paper_params=spec.paper_params or None,
+  )
   if spec.model_config is not None:
     closed = 3 * cost.transformer_flops(
       spec.model_config, spec.batch_size, spec.seq_len
@@ -444,22 +418,141 @@ def plan_lm(spec: LMSpec, *, sections=('train', 'remat', 'eval', 'sample')):
       'flops': flops_of(sc) * devices,
       'peak_per_device': memory_of(sc)['peak'],
     }
+  finish(result, spec.num_steps, peak_remat, spec.remat, spec.accum_steps)
+  result['compile_seconds'] = compile_s
+  return result
+
+
+def step_report(step, state, shardings, mesh, *, tokens, batch_size) -> dict:
+  """What a compiled train step and its abstract state say per device:
+  parameters (by module), FLOPs, memory, largest tensor, checkpoint size."""
+  devices = _devices_of(mesh)
+  data_ways = mesh.shape['data'] * mesh.shape['fsdp']
+  mem = memory_of(step)
+  params = state.params
+  state_dev = {
+    'params': tree_bytes(params, shardings.params),
+    'optimizer': tree_bytes(state.opt_state, shardings.opt_state),
+    'ema': tree_bytes(state.ema_params, shardings.ema_params)
+    if state.ema_params is not None
+    else 0,
+    'extra': tree_bytes(state.extra, shardings.extra)
+    if state.extra is not None
+    else 0,
+  }
+  flops_dev = flops_of(step)
+  return {
+    'label': '',
+    'devices': devices,
+    'mesh': dict(mesh.shape),
+    'platform': mesh.devices.flat[0].platform,
+    'params': int(sum(math.prod(x.shape) for x in jax.tree.leaves(params))),
+    'params_by_module': params_by_module(params),
+    'tokens_per_step': tokens,
+    'batch_per_device': batch_size // data_ways,
+    'flops': {
+      'train_step_per_device': flops_dev,
+      'train_step': flops_dev * devices,
+      'per_token': flops_dev * devices / max(tokens, 1),
+    },
+    'memory_per_device': {
+      **{f'state_{k}': v for k, v in state_dev.items()},
+      'arguments': mem['argument'],
+      'outputs': mem['output'],
+      'aliased': mem['alias'],
+      'activations_and_temporaries': mem['temp'],
+      'peak': mem['peak'],
+      'remat': False,
+    },
+    'largest_tensor_per_device': largest_tensor(step.as_text()),
+    'checkpoint_bytes': tree_bytes(
+      (state.params, state.opt_state, state.ema_params, state.extra)
+    ),
+  }
+
+
+def finish(result: dict, num_steps, peak_remat, remat: bool, accum: int):
+  """Adds the time estimates and the fits verdicts to a step_report."""
+  mem = result['memory_per_device']
+  state = sum(v for k, v in mem.items() if k.startswith('state_'))
   result['estimates'] = {
     'assumed_mfu': ASSUMED_MFU,
-    'num_steps': spec.num_steps,
+    'num_steps': num_steps,
     'per_accelerator': time_estimates(
-      result['flops']['train_step'], devices, spec.num_steps
+      result['flops']['train_step'], result['devices'], num_steps
     ),
   }
   fix = {
-    'remat': spec.remat,
-    'grad_accum_steps': spec.accum_steps,
-    'data': mesh.shape['data'],
-    'fsdp': mesh.shape['fsdp'],
+    'remat': remat,
+    'grad_accum_steps': accum,
+    'data': result['mesh']['data'],
+    'fsdp': result['mesh']['fsdp'],
   }
-  result['fits'] = verdicts(mem['peak'], peak_remat, state_total, fix)
+  result['fits'] = verdicts(mem['peak'], peak_remat, state, fix)
   result['headroom'] = HEADROOM
-  result['compile_seconds'] = compile_s
+  return result
+
+
+def plan_task(task, trainer_config, mesh, label: str = '') -> dict:
+  """The plan of any loop task (`ddlm_jax.training.fit.Task`): its train
+  step compiled on `mesh` for the shapes of its first batch (read from the
+  task's own stream, which for the synthetic tasks costs nothing)."""
+  from ddlm_jax.training.optimizer import make_optimizer
+
+  o = trainer_config.optimizer
+  tx, _ = make_optimizer(
+    learning_rate=o.learning_rate,
+    warmup_steps=o.warmup_steps,
+    total_steps=trainer_config.num_steps,
+    weight_decay=o.weight_decay,
+    b1=o.b1,
+    b2=o.b2,
+    grad_clip=o.grad_clip,
+    final_lr_fraction=o.final_lr_fraction,
+    group_learning_rates=dict(o.group_learning_rates) or None,
+  )
+  p_shard = None
+  if task.param_shardings is not None:
+    p_shard = task.param_shardings(mesh)
+  state, shardings = abstract_state_of(
+    task.init,
+    tx,
+    mesh,
+    trainer_config.ema_decay > 0,
+    p_shard,
+    task.init_extra,
+  )
+  first = next(iter(task.batches(0)))
+  shard = batch_sharding(mesh)
+  batch = {
+    k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype, sharding=shard)
+    for k, v in first.items()
+  }
+  t0 = time.perf_counter()
+  step = steps.jit_step(
+    task.loss,
+    tx,
+    trainer_config.ema_decay,
+    shardings,
+    mesh,
+    accum_steps=trainer_config.grad_accum_steps,
+    weight=task.weight,
+  )
+  compiled = step.lower(state, batch).compile()
+  leading = next(iter(batch.values())).shape
+  tokens = task.tokens_per_step or int(math.prod(leading[:2]))
+  result = step_report(
+    compiled, state, shardings, mesh, tokens=tokens, batch_size=leading[0]
+  )
+  result['label'] = label or task.name
+  finish(
+    result,
+    trainer_config.num_steps,
+    None,
+    False,
+    trainer_config.grad_accum_steps,
+  )
+  result['compile_seconds'] = {'train': time.perf_counter() - t0}
   return result
 
 
@@ -583,18 +676,27 @@ def spec_from_config(config, mesh) -> LMSpec:
   )
 
 
+def mesh_shape_of(config) -> tuple[int, ...]:
+  """The mesh a config trains on: config.mesh.shape for language models;
+  state tracking trains on one device."""
+  if config.get('kind', 'lm') == 'lm':
+    return tuple(config.mesh.shape)
+  return (1, 1, 1)
+
+
 def plan_config(config, devices: int | None = None, sections=None) -> dict:
-  """The plan of an LM config on the mesh it asks for (or `devices`)."""
+  """The plan of a config on the mesh it asks for (or `devices`): an LM
+  config (plan_lm) or a state-tracking one (plan_task)."""
   from ddlm_jax.parallel import make_mesh
   from ddlm_jax.training.config import ConfigError
 
   kind = config.get('kind', 'lm')
-  if kind != 'lm':
+  if kind not in ('lm', 'state_tracking'):
     raise ConfigError(
-      f'--mode=plan plans language-model configs; config.kind={kind!r} '
-      'has no planner yet.'
+      f'--mode=plan plans lm and state_tracking configs; config.kind='
+      f'{kind!r} has no planner yet.'
     )
-  shape = tuple(config.mesh.shape)
+  shape = mesh_shape_of(config)
   have = len(jax.devices())
   use = devices or have
   if -1 not in shape:
@@ -617,6 +719,11 @@ def plan_config(config, devices: int | None = None, sections=None) -> dict:
         f'devices of mesh {dict(mesh.shape)}; change --devices or the '
         'batch size.'
       )
+  if kind == 'state_tracking':
+    from ddlm_jax.training import classification
+
+    task = classification.state_tracking_task(config)
+    return plan_task(task, classification.trainer_config(config), mesh)
   spec = spec_from_config(config, mesh)
   kwargs = {} if sections is None else {'sections': sections}
   return plan_lm(spec, **kwargs)
@@ -694,7 +801,7 @@ DEFAULT_DEVICES = 8
 
 def devices_needed(config, devices: int | None) -> int:
   """Fake devices a plan of `config` needs: the mesh's, else --devices."""
-  shape = tuple(config.mesh.shape)
+  shape = mesh_shape_of(config)
   if -1 not in shape:
     n = int(math.prod(shape))
     if devices and devices != n:
