@@ -15,15 +15,19 @@ per step, and the step and run time on named accelerators at their nominal
 dense bf16 peak and an assumed MFU.
 
 The memory is what XLA:CPU's buffer assignment needs for the same
-per-device program; a GPU or TPU compiler fuses differently (bf16 dots
-that the CPU widens to float32, other fusion), so the verdict keeps a
-headroom (`HEADROOM`) and says which switches would shrink the program.
+per-device program. Accelerator compilers schedule and fuse better: on an
+H200 the same GPT-2-sized MDLM step compiled to 0.43x the CPU's peak
+(and XLA:CPU gains little from remat, which cut the GPU's peak 4x;
+docs/LAUNCH.md section 7), so a CPU plan is an upper bound: "fits" is
+safe, "does not fit" names the switches that would shrink the program
+and should be checked on the device (device_check.py --plan).
 
 Entry points: `plan_lm` (a built model, process and optimizer; used by the
-device check, no ml_collections), `plan_config` (an LM ConfigDict, as
+device check, no ml_collections), `plan_task` (any `fit.Task`, from its
+first batch), `plan_config` (an LM or state-tracking ConfigDict, as
 ``python -m experiments.run --config=... --mode=plan [--devices=N]``
 calls it through `launch`, which re-executes the command with N fake
-devices when the running process has fewer).
+devices).
 """
 
 from __future__ import annotations
