@@ -186,6 +186,10 @@ def test_plan_of_a_config_compiles_every_program(tmp_path):
   assert plan['eval_step']['flops'] > 0
   assert plan['sampler_call']['flops'] > 0
   assert plan['tokens_per_step'] == config.train.batch_size * 32
+  # The network reads concat(z_t, x): the closed form counts 2L tokens.
+  assert plan['flops']['closed_form_train_step'] == pytest.approx(
+    plan['flops']['train_step'], rel=0.25
+  )
   assert all(v['fits'] for v in plan['fits'].values())
   saved = json.loads((tmp_path / 'plan.json').read_text())
   assert saved['params'] == plan['params']

@@ -267,6 +267,15 @@ class LMSpec:
   settings: dict = dataclasses.field(default_factory=dict)
 
 
+def network_length(spec: LMSpec) -> int:
+  """Tokens per row the network reads: 2L for block diffusion (it reads
+  concat(z_t, x)), else L."""
+  from ddlm_jax.diffusion.base import BlockProcess
+
+  doubled = isinstance(spec.process, BlockProcess)
+  return 2 * spec.seq_len if doubled else spec.seq_len
+
+
 def abstract_train(build, tx, mesh, ema: bool):
   """(graphdef, abstract TrainState with shardings, shardings) of an nnx
   builder, its parameters sharded by their logical axes."""
@@ -389,7 +398,7 @@ def plan_lm(spec: LMSpec, *, sections=('train', 'remat', 'eval', 'sample')):
   )
   if spec.model_config is not None:
     closed = 3 * cost.transformer_flops(
-      spec.model_config, spec.batch_size, spec.seq_len
+      spec.model_config, spec.batch_size, network_length(spec)
     )
     result['flops']['closed_form_train_step'] = closed
     result['flops']['closed_form_per_token'] = closed / tokens
