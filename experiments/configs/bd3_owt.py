@@ -13,7 +13,8 @@ but the network reads concat(z_t, x), 2L = 2048 tokens per row: ~1.0e15
 FLOPs per step (2.3x mdlm_owt's) and about twice its activations (the CPU
 plan: 115 GiB per chip, over a v5p's 95; docs/LAUNCH.md section 7). Launch
 with ``--config.model.remat=True`` or ``--config.optim.grad_accum_steps=2``
-unless ``device_check.py --plan`` on the target shows it fits.
+unless the first steps on the target show that it fits (a CPU plan is an
+upper bound on the accelerator's memory).
 
 Launch:
   python -m experiments.run --config=experiments/configs/bd3_owt.py:16 \
