@@ -144,6 +144,13 @@ def test_switches_name_what_makes_a_plan_fit():
   # The state alone exceeds the chip: only fsdp (or more chips) helps.
   got = plan_lib.switches(20 * gib, None, 16 * gib, 6 * gib, fix)
   assert got[0].startswith('--config.mesh.shape="(2,4,1)"')
+  # 2 rows per device: 4 micro-batches would not split over the devices.
+  small = {**fix, 'batch': 16}
+  got = plan_lib.switches(10 * gib, 8 * gib, 2 * gib, 4.5 * gib, small)
+  assert '--config.optim.grad_accum_steps=4' not in got
+  assert plan_lib.switches(10 * gib, 8 * gib, 2 * gib, 4.5 * gib, fix)[-1] == (
+    '--config.optim.grad_accum_steps=4'
+  )
   got = plan_lib.switches(90 * gib, None, 80 * gib, 6 * gib, fix)
   assert got == ['more chips (the train state alone does not fit)']
 

@@ -209,7 +209,9 @@ def switches(peak, peak_remat, state, budget, fix: dict) -> list[str]:
   gradient accumulation over k micro-batches divides by about k, and
   rematerialisation shrinks to `peak_remat`'s. More fsdp ways divide the
   state. `fix` holds the current values: remat, grad_accum_steps, fsdp,
-  data (the data-parallel ways that fsdp could take over).
+  data (the data-parallel ways that fsdp could take over) and batch (the
+  global batch, which every micro-batch must still split over data x
+  fsdp; 0 = unchecked).
   """
   out = []
   rest = max(peak - state, 0)
@@ -219,19 +221,25 @@ def switches(peak, peak_remat, state, budget, fix: dict) -> list[str]:
     out.append('--config.model.remat=True')
     rest = max(peak_remat - state, 0)
   accum = int(fix.get('grad_accum_steps', 1))
+  ways = int(fix.get('data', 1)) * int(fix.get('fsdp', 1))
+  # Micro-batches must still split over the data-parallel devices.
+  rows = int(fix.get('batch', 0)) // max(ways, 1)
+  most = 1  # The most micro-batches that still split.
   for k in (2, 4, 8, 16, 32):
+    if rows and rows % (accum * k):
+      break
+    most = k
     if state + rest / k <= budget:
       return [*out, f'--config.optim.grad_accum_steps={accum * k}']
-  ways = int(fix.get('data', 1)) * int(fix.get('fsdp', 1))
   fsdp = int(fix.get('fsdp', 1))
+  accum_flag = []
+  if most > 1:
+    accum_flag = [f'--config.optim.grad_accum_steps={accum * most}']
   f = 2
   while fsdp * f <= ways:
-    if state / f + rest / 32 <= budget:
-      return [
-        *out,
-        f'--config.mesh.shape="({ways // (fsdp * f)},{fsdp * f},1)"',
-        f'--config.optim.grad_accum_steps={accum * 32}',
-      ]
+    if state / f + rest / most <= budget:
+      mesh = f'--config.mesh.shape="({ways // (fsdp * f)},{fsdp * f},1)"'
+      return [*out, mesh, *accum_flag]
     f *= 2
   return [*out, 'more chips (the train state alone does not fit)']
 
@@ -500,6 +508,9 @@ def finish(result: dict, num_steps, peak_remat, remat: bool, accum: int):
     'grad_accum_steps': accum,
     'data': result['mesh']['data'],
     'fsdp': result['mesh']['fsdp'],
+    'batch': result['batch_per_device']
+    * result['mesh']['data']
+    * result['mesh']['fsdp'],
   }
   result['fits'] = verdicts(mem['peak'], peak_remat, state, fix)
   result['headroom'] = HEADROOM
