@@ -272,3 +272,24 @@ def test_plan_of_a_state_tracking_config(tmp_path):
   assert mem['state_extra'] >= mem['state_params'] > 0
   assert plan['batch_per_device'] == config.train.batch_size
   assert 'v5e' in plan_lib.table(plan)
+
+
+def test_a_switch_that_does_not_compile_is_recorded_not_suggested():
+  """A remat variant that fails to trace (as Duo's curriculum under
+  lax.cond did) is reported, and the verdict does not suggest remat."""
+  spec = _spec(make_mesh((1, 1, 1)))
+  working = spec.build
+
+  def build(remat):
+    if remat:
+      raise ValueError('remat cannot trace here')
+    return working(remat)
+
+  spec.build = build
+  plan = plan_lib.plan_lm(spec, sections=('remat',))
+  assert plan['memory_per_device']['peak_with_remat'] is None
+  assert 'cannot trace' in plan['peak_with_remat_error']
+  assert 'does not compile' in plan_lib.table(plan)
+  fix = {'remat': False, 'grad_accum_steps': 1, 'data': 8, 'fsdp': 1}
+  got = plan_lib.switches(10 * 2**30, None, 2 * 2**30, 6 * 2**30, fix)
+  assert '--config.model.remat=True' not in got
