@@ -275,8 +275,9 @@ def test_plan_of_a_state_tracking_config(tmp_path):
 
 
 def test_a_switch_that_does_not_compile_is_recorded_not_suggested():
-  """A remat variant that fails to trace (as Duo's curriculum under
-  lax.cond did) is reported, and the verdict does not suggest remat."""
+  """A remat variant that fails to trace (Duo's curriculum, which calls
+  the network under lax.cond, does) is reported, and the verdict does not
+  suggest remat."""
   spec = _spec(make_mesh((1, 1, 1)))
   working = spec.build
 
