@@ -294,3 +294,26 @@ def test_a_switch_that_does_not_compile_is_recorded_not_suggested():
   fix = {'remat': False, 'grad_accum_steps': 1, 'data': 8, 'fsdp': 1}
   got = plan_lib.switches(10 * 2**30, None, 2 * 2**30, 6 * 2**30, fix)
   assert '--config.model.remat=True' not in got
+
+
+def test_accumulation_splits_every_devices_rows():
+  """On 8 data-parallel devices, 2 micro-batches halve each device's
+  activations and keep the step's FLOPs (each micro-batch takes every
+  k-th row, so each device's shard splits evenly)."""
+  if len(jax.devices()) < 8:
+    pytest.skip('needs 8 (fake) devices; tests/conftest.py sets them')
+  mesh = make_mesh((8, 1, 1))
+  plans = {}
+  for accum in (1, 2):
+    spec = _spec(mesh, accum_steps=accum)
+    spec.batch_size = 64
+    plans[accum] = plan_lib.plan_lm(spec, sections=())
+  one, two = plans[1], plans[2]
+  assert two['flops']['train_step'] == pytest.approx(
+    one['flops']['train_step'], rel=0.05
+  )
+  act = lambda p: p['memory_per_device']['activations_and_temporaries']
+  assert act(two) < 0.75 * act(one)
+  assert two['largest_tensor_per_device']['bytes'] == (
+    one['largest_tensor_per_device']['bytes'] // 2
+  )

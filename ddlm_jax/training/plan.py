@@ -395,7 +395,13 @@ def plan_lm(spec: LMSpec, *, sections=('train', 'remat', 'eval', 'sample')):
   compile_s = {'train': time.perf_counter() - t0}
   tokens = spec.batch_size * spec.seq_len
   result = step_report(
-    step, state, shardings, mesh, tokens=tokens, batch_size=spec.batch_size
+    step,
+    state,
+    shardings,
+    mesh,
+    tokens=tokens,
+    batch_size=spec.batch_size,
+    accum_steps=spec.accum_steps,
   )
   mem = memory_of(step)
   result['memory_per_device']['remat'] = spec.remat
@@ -424,7 +430,9 @@ def plan_lm(spec: LMSpec, *, sections=('train', 'remat', 'eval', 'sample')):
     else:
       flipped = memory_of(other)['peak']
       result['memory_per_device'][name] = flipped
-      result['flops']['train_step_flipped_remat'] = flops_of(other) * devices
+      result['flops']['train_step_flipped_remat'] = (
+        flops_of(other) * devices * spec.accum_steps
+      )
       peak_remat = flipped if not spec.remat else mem['peak']
     compile_s['train_remat_flipped'] = time.perf_counter() - t1
   if 'eval' in sections and spec.eval_batch_size:
@@ -450,9 +458,17 @@ def plan_lm(spec: LMSpec, *, sections=('train', 'remat', 'eval', 'sample')):
   return result
 
 
-def step_report(step, state, shardings, mesh, *, tokens, batch_size) -> dict:
+def step_report(
+  step, state, shardings, mesh, *, tokens, batch_size, accum_steps=1
+) -> dict:
   """What a compiled train step and its abstract state say per device:
-  parameters (by module), FLOPs, memory, largest tensor, checkpoint size."""
+  parameters (by module), FLOPs, memory, largest tensor, checkpoint size.
+
+  XLA's cost analysis counts a loop body once, so with gradient
+  accumulation (a scan over micro-batches) the step's FLOPs are the
+  count times accum_steps (the optimizer update, outside the loop and
+  well under 1% of a step, is counted that many times too).
+  """
   devices = _devices_of(mesh)
   data_ways = mesh.shape['data'] * mesh.shape['fsdp']
   mem = memory_of(step)
@@ -467,7 +483,7 @@ def step_report(step, state, shardings, mesh, *, tokens, batch_size) -> dict:
     if state.extra is not None
     else 0,
   }
-  flops_dev = flops_of(step)
+  flops_dev = flops_of(step) * accum_steps
   return {
     'label': '',
     'devices': devices,
@@ -572,7 +588,13 @@ def plan_task(task, trainer_config, mesh, label: str = '') -> dict:
   leading = next(iter(batch.values())).shape
   tokens = task.tokens_per_step or int(math.prod(leading[:2]))
   result = step_report(
-    compiled, state, shardings, mesh, tokens=tokens, batch_size=leading[0]
+    compiled,
+    state,
+    shardings,
+    mesh,
+    tokens=tokens,
+    batch_size=leading[0],
+    accum_steps=trainer_config.grad_accum_steps,
   )
   result['label'] = label or task.name
   finish(
