@@ -54,6 +54,10 @@ no pip there):
   run(command='XLA_PYTHON_CLIENT_MEM_FRACTION=.9 timeout 420 python -m '
       'experiments.benchmarks.device_check --out=$OUT', carry=[],
       timeout_s=480)
+
+With --plan (about 3 more minutes: the GPT-2-sized step compiled for the
+host CPU and for the device; the CPU compile alone took ~25 s of the
+H200 host's time on 2026-12-04) use `timeout 560` and timeout_s=600.
 """
 
 from __future__ import annotations
