@@ -55,9 +55,10 @@ no pip there):
       'experiments.benchmarks.device_check --out=$OUT', carry=[],
       timeout_s=480)
 
-With --plan (about 3 more minutes: the GPT-2-sized step compiled for the
-host CPU and for the device; the CPU compile alone took ~25 s of the
-H200 host's time on 2026-12-04) use `timeout 560` and timeout_s=600.
+With --plan (the GPT-2-sized step built and compiled for the device and
+for the host CPU, then run: 79 s for one device build and one CPU build
+on the H200 host, 2026-12-04, so allow about 3 minutes) use `timeout 560`
+and timeout_s=600.
 """
 
 from __future__ import annotations
