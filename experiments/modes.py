@@ -10,7 +10,7 @@ from ddlm_jax.training import classification, loop, plan
 MODES = {
   'lm': ('train', 'eval', 'sample', 'plan'),
   'state_tracking': ('train', 'eval', 'plan'),
-  'planner_executor': ('train', 'eval'),
+  'planner_executor': ('train', 'eval', 'plan'),
 }
 
 

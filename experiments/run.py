@@ -7,7 +7,7 @@ declared `kind` supports them:
 
   lm                train, eval [--split=test], sample, plan [--devices=N]
   state_tracking    train, eval (test accuracy of the newest checkpoint), plan
-  planner_executor  train, eval (every stage trained already)
+  planner_executor  train, eval (every stage trained already), plan
 
 The process keeps freed host memory for reuse (XLA:CPU would otherwise
 page-fault its temporaries in at every step; DDLM_JAX_HOST_MALLOC=default

@@ -317,3 +317,18 @@ def test_accumulation_splits_every_devices_rows():
   assert two['largest_tensor_per_device']['bytes'] == (
     one['largest_tensor_per_device']['bytes'] // 2
   )
+
+
+def test_plan_of_a_planner_executor_config(tmp_path):
+  """Each role the pipeline trains is planned as its own loop task."""
+  from experiments.configs import planner_executor
+
+  config = planner_executor.get_config('latent,smoke')
+  plan = plan_lib.write_plan(config, str(tmp_path))
+  assert plan['roles']
+  for role, p in plan['roles'].items():
+    assert p['flops']['train_step'] > 0, role
+    assert p['memory_per_device']['peak'] > 0, role
+  text = plan_lib.table(plan)
+  assert all(f'role {r}:' in text for r in plan['roles'])
+  assert json.loads((tmp_path / 'plan.json').read_text())['roles']

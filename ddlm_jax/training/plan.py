@@ -743,10 +743,10 @@ def plan_config(config, devices: int | None = None, sections=None) -> dict:
   from ddlm_jax.training.config import ConfigError
 
   kind = config.get('kind', 'lm')
-  if kind not in ('lm', 'state_tracking'):
+  if kind not in ('lm', 'state_tracking', 'planner_executor'):
     raise ConfigError(
-      f'--mode=plan plans lm and state_tracking configs; config.kind='
-      f'{kind!r} has no planner yet.'
+      f'--mode=plan plans lm, state_tracking and planner_executor '
+      f'configs; config.kind={kind!r} has no planner.'
     )
   shape = mesh_shape_of(config)
   have = len(jax.devices())
@@ -760,6 +760,13 @@ def plan_config(config, devices: int | None = None, sections=None) -> dict:
       'fake devices).'
     )
   mesh = make_mesh(shape, jax.devices()[:use])
+  if kind == 'planner_executor':
+    return plan_roles(config, mesh)
+  if kind == 'state_tracking':
+    from ddlm_jax.training import classification
+
+    task = classification.state_tracking_task(config)
+    return plan_task(task, classification.trainer_config(config), mesh)
   for name, batch in (
     ('train.batch_size', config.train.batch_size),
     ('eval.batch_size', config.eval.batch_size),
@@ -771,14 +778,43 @@ def plan_config(config, devices: int | None = None, sections=None) -> dict:
         f'devices of mesh {dict(mesh.shape)}; change --devices or the '
         'batch size.'
       )
-  if kind == 'state_tracking':
-    from ddlm_jax.training import classification
-
-    task = classification.state_tracking_task(config)
-    return plan_task(task, classification.trainer_config(config), mesh)
   spec = spec_from_config(config, mesh)
   kwargs = {} if sections is None else {'sections': sections}
   return plan_lm(spec, **kwargs)
+
+
+def plan_roles(config, mesh) -> dict:
+  """Plans of the planner / executor roles a planner_executor pipeline
+  trains (each its own loop task and train step). The latent projector
+  is trained on the trained planner's hidden states, so it is not
+  planned."""
+  from ddlm_jax.planning import models as pm
+  from ddlm_jax.planning import trainer as pt
+  from ddlm_jax.training.fit import Task
+
+  cfgs = pt.model_configs(config)
+  plan_len = int(config.reasoning.plan_len)
+  task_name = pt.task_of(config).name
+  roles = {}
+  for role in pt.NEEDS[config.pipeline]:
+    key = 'planner' if role == 'planner' else 'executor'
+    graphdef, params = pm.split(pm.build(cfgs[key], config.seed))
+    block = config[key]
+
+    def batches(start, role=role, block=block):
+      for raw in pt._task_stream(config, block, start):
+        yield pt._role_batch(role, raw, plan_len, task_name)
+
+    task = Task(
+      name=role,
+      init=lambda _, params=params: params,
+      loss=pt.role_loss(
+        role, graphdef, plan_len, config.planner.loss_type, task_name
+      ),
+      batches=batches,
+    )
+    roles[role] = plan_task(task, pt.stage_trainer_config(config, key), mesh)
+  return {'kind': 'planner_executor', 'roles': roles}
 
 
 # ------------------------------------------------------------ reporting ---
@@ -792,7 +828,11 @@ def _gib(n) -> str:
 
 
 def table(plan: Mapping) -> str:
-  """A short text table of a plan."""
+  """A short text table of a plan (one per role of a pipeline's plan)."""
+  if 'roles' in plan:
+    return '\n\n'.join(
+      f'role {role}:\n{table(p)}' for role, p in plan['roles'].items()
+    )
   mem = plan['memory_per_device']
   fl = plan['flops']
   lines = [
@@ -888,7 +928,8 @@ def launch(config, workdir: str, devices: int | None) -> dict | None:
     )
   if os.environ.get(CHILD_ENV) == str(n):
     plan = plan_config(config, n)
-    plan['label'] = plan['label'] or os.path.basename(workdir.rstrip('/'))
+    if not plan.get('label') and 'roles' not in plan:
+      plan['label'] = os.path.basename(workdir.rstrip('/'))
     path = write(plan, workdir)
     print(table(plan))
     print(f'plan.json: {path}')
