@@ -24,10 +24,10 @@ and should be checked on the device (device_check.py --plan).
 
 Entry points: `plan_lm` (a built model, process and optimizer; used by the
 device check, no ml_collections), `plan_task` (any `fit.Task`, from its
-first batch), `plan_config` (an LM or state-tracking ConfigDict, as
-``python -m experiments.run --config=... --mode=plan [--devices=N]``
-calls it through `launch`, which re-executes the command with N fake
-devices).
+first batch), `plan_config` (an LM, state-tracking or planner-executor
+ConfigDict, as ``python -m experiments.run --config=... --mode=plan
+[--devices=N]`` calls it through `launch`, which re-executes the command
+with N fake devices).
 """
 
 from __future__ import annotations
