@@ -9,15 +9,15 @@ import os
 import ml_collections
 
 from ddlm_jax.planning.trainer import run_planner_executor
-from ddlm_jax.training import classification, loop
+from ddlm_jax.training import classification, loop, plan
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.faults import read_json
 from ddlm_jax.training.run import load_config
 
 MODES = {
-  'lm': ('train', 'eval', 'sample'),
-  'state_tracking': ('train', 'eval'),
-  'planner_executor': ('train', 'eval'),
+  'lm': ('train', 'eval', 'sample', 'plan'),
+  'state_tracking': ('train', 'eval', 'plan'),
+  'planner_executor': ('train', 'eval', 'plan'),
 }
 
 
@@ -78,6 +78,8 @@ def run(
   workdir was set aside as unreadable (else that refuses).
   """
   kind = check_mode(config, mode)
+  if mode == 'plan':  # In-process: the devices this process already has.
+    return plan.write_plan(config, workdir)
   if kind == 'state_tracking':
     if mode == 'eval':
       return classification.evaluate_checkpoint(config, workdir)

@@ -2,12 +2,12 @@
 
 Overrides: --config.a.b=value (a typo in a key is an error). Presets:
 --config=experiments/configs/quickstart.py:smoke. Modes: train (default;
-trains, evaluates and samples), eval, sample, as the config's declared
-`kind` supports them:
+trains, evaluates and samples), eval, sample, plan, as the config's
+declared `kind` supports them:
 
-  lm                train, eval [--split=test], sample
-  state_tracking    train, eval (test accuracy of the newest checkpoint)
-  planner_executor  train, eval (every stage trained already)
+  lm                train, eval [--split=test], sample, plan [--devices=N]
+  state_tracking    train, eval (test accuracy of the newest checkpoint), plan
+  planner_executor  train, eval (every stage trained already), plan
 
 The process keeps freed host memory for reuse (XLA:CPU would otherwise
 page-fault its temporaries in at every step; DDLM_JAX_HOST_MALLOC=default
@@ -28,7 +28,7 @@ from ml_collections import config_flags
 
 from ddlm_jax.evaluation.sample_run import name_samples
 from ddlm_jax.parallel import initialize_distributed, keep_freed_memory
-from ddlm_jax.training import faults
+from ddlm_jax.training import faults, plan
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
 from ddlm_jax.training.progress import mode_summary
@@ -44,7 +44,12 @@ _CONFIG = config_flags.DEFINE_config_file(
   lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Output directory.')
-_MODE = flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'sample'], '')
+_MODE = flags.DEFINE_enum(
+  'mode', 'train', ['train', 'eval', 'sample', 'plan'], ''
+)
+_DEVICES = flags.DEFINE_integer(
+  'devices', None, '--mode=plan: fake devices for a mesh with a -1.'
+)
 _SPLIT = flags.DEFINE_string('split', 'validation', 'Split for --mode=eval.')
 _NAME = flags.DEFINE_string(
   'name', '', 'Sample files samples_NAME.txt (default: the next free number).'
@@ -144,6 +149,9 @@ def main(argv):
       config = saved_config(workdir, mode)
     keep_freed_memory()  # Before JAX starts its threads; host_memory.py.
     check_mode(config, mode)  # Before the distributed start-up.
+    if mode == 'plan':  # Compiles on fake devices; trains nothing.
+      plan.launch(config, workdir, _DEVICES.value)
+      return
     name_samples(config, workdir, _NAME.value)  # Refuses a taken name.
     initialize_distributed()
     result = run(

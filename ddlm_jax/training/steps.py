@@ -104,8 +104,16 @@ def accumulate_grads(loss, params, key, batch, accum_steps: int, weight):
       f'batch of {batch_size} does not split into {accum_steps} '
       'micro-batches; change optim.grad_accum_steps or the batch size.'
     )
+  # Micro-batch i is rows i, i + k, i + 2k, ... (k = accum_steps): each
+  # device's contiguous shard of a data-parallel batch then splits evenly
+  # into the k micro-batches, and the scan runs over an unsharded axis.
+  # (Contiguous micro-batches would put the scanned axis on the devices:
+  # every micro-step would then run the whole local batch, with k times
+  # the compute and no activation saving.)
   micro = jax.tree.map(
-    lambda a: a.reshape(accum_steps, batch_size // accum_steps, *a.shape[1:]),
+    lambda a: a.reshape(
+      batch_size // accum_steps, accum_steps, *a.shape[1:]
+    ).swapaxes(0, 1),
     batch,
   )
 

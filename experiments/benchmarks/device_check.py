@@ -24,6 +24,11 @@ printed) with, on the default backend:
    model with a random output head, 128 steps, batch 8 x 1024);
 6. scans: the PD scan's impls (sequential reference, associative XLA,
    Pallas where it lowers) and a dense-transition associative scan.
+7. with --plan: the planner (ddlm_jax.training.plan, what --mode=plan
+   runs) on the train step's model, compiled for the host CPU and for
+   this device, then run here: planned, compiled and measured peak memory
+   and FLOPs, and the step time against the planned one (this section's
+   time is added to --budget_s).
 
 A backend the platform cannot run is skipped with the reason in the JSON
 (`pallas_kernels.attention.api.unsupported_reason`, behind `supported_impls`,
@@ -49,6 +54,11 @@ no pip there):
   run(command='XLA_PYTHON_CLIENT_MEM_FRACTION=.9 timeout 420 python -m '
       'experiments.benchmarks.device_check --out=$OUT', carry=[],
       timeout_s=480)
+
+With --plan (the GPT-2-sized step built and compiled for the device and
+for the host CPU, then run: 79 s for one device build and one CPU build
+on the H200 host, 2026-12-04, so allow about 3 minutes) use `timeout 560`
+and timeout_s=600.
 """
 
 from __future__ import annotations
@@ -81,6 +91,7 @@ LAZY_IMPORTS = (
   'ddlm_jax.parallel',
   'ddlm_jax.sampling.registry',
   'ddlm_jax.training.optimizer',
+  'ddlm_jax.training.plan',
   'ddlm_jax.training.state',
   'ddlm_jax.training.steps',
   'pallas_kernels.attention.api',
@@ -671,6 +682,84 @@ def time_sampler(sizes: Sizes, budget: Budget, attention_impl: str) -> dict:
   }
 
 
+def plan_check(sizes: Sizes, budget: Budget, attention_impl: str) -> dict:
+  """The planner against this device: mdlm_owt.py's model (the train
+  step's sizes) planned on the host CPU as --mode=plan plans it, compiled
+  for this device, then run here.
+
+  Reports the planned peak memory per device (CPU compile), the peak this
+  device's compiler plans, and the peak this device measured over the
+  section (memory_stats; None where the backend keeps none), with the
+  FLOPs of both compiles and the step time against the planner's estimate
+  at its assumed MFU.
+  """
+  from ddlm_jax.models import Transformer
+  from ddlm_jax.parallel import make_mesh
+  from ddlm_jax.training import plan as plan_lib
+  from ddlm_jax.training.optimizer import make_optimizer
+  from experiments.benchmarks.train_step import build_train_step, time_calls
+
+  cfg, process = _model(sizes, attention_impl)
+  tx, _ = make_optimizer(learning_rate=3e-4, warmup_steps=10, total_steps=1000)
+
+  def spec(devices):
+    return plan_lib.LMSpec(
+      build=lambda remat: (
+        lambda rngs: Transformer(
+          dataclasses.replace(cfg, remat=remat), rngs=rngs
+        )
+      ),
+      process=process,
+      tx=tx,
+      mesh=make_mesh((1, 1, 1), devices[:1]),
+      batch_size=sizes.batch,
+      seq_len=sizes.seq_len,
+      num_steps=1_000_000,
+      model_config=cfg,
+    )
+
+  device = jax.devices()[0]
+  stats = lambda: (device.memory_stats() or {}).get('peak_bytes_in_use')
+  before = stats()
+  planned = plan_lib.plan_lm(spec(jax.devices('cpu')), sections=())
+  here = plan_lib.plan_lm(spec(jax.devices()), sections=())
+  bench = build_train_step(
+    cfg, process, batch=sizes.batch, length=sizes.seq_len, learning_rate=3e-4
+  )
+  jax.block_until_ready(bench.step())
+  times, _ = time_calls(
+    bench.step,
+    max_n=max(sizes.repeats, 3),
+    min_n=2,
+    more=lambda: budget.left() > 0,
+  )
+  step_s = float(np.median(times))
+  flops = planned['flops']['train_step']
+  peaks = {acc.name: acc.peak_bf16 for acc in plan_lib.ACCELERATORS}
+  kind = device.device_kind
+  chip = next((name for name in peaks if name in kind), None)
+  return {
+    'model': f'{cfg.width}x{cfg.depth}, vocab {cfg.vocab_size}, bf16',
+    'batch': sizes.batch,
+    'seq_len': sizes.seq_len,
+    'planned_peak_bytes_cpu': planned['memory_per_device']['peak'],
+    'compiled_peak_bytes_here': here['memory_per_device']['peak'],
+    'measured_peak_bytes_here': stats(),
+    'peak_bytes_before_section': before,
+    'planned_state_bytes': planned['memory_per_device']['state_params']
+    + planned['memory_per_device']['state_optimizer'],
+    'planned_flops_cpu': flops,
+    'compiled_flops_here': here['flops']['train_step'],
+    'closed_form_flops': planned['flops']['closed_form_train_step'],
+    'step_ms': 1e3 * step_s,
+    'planned_step_ms': 1e3 * flops / (peaks[chip] * plan_lib.ASSUMED_MFU)
+    if chip
+    else None,
+    'assumed_mfu': plan_lib.ASSUMED_MFU,
+    'mfu_at_nominal_peak': flops / step_s / peaks[chip] if chip else None,
+  }
+
+
 # ------------------------------------------------------------- targets ----
 
 
@@ -761,6 +850,20 @@ def report(result: dict) -> str:
     )
   elif train:
     parts.append(f'train step: {train}')
+  plan = result.get('plan') or {}
+  if 'planned_peak_bytes_cpu' in plan:
+    gib = lambda b: '-' if b is None else f'{b / 2**30:.2f}'
+    parts.append(
+      f'plan ({plan["model"]}, batch {plan["batch"]}): peak GiB planned '
+      f'{gib(plan["planned_peak_bytes_cpu"])} (CPU), compiled here '
+      f'{gib(plan["compiled_peak_bytes_here"])}, measured '
+      f'{gib(plan["measured_peak_bytes_here"])}; TFLOPs/step planned '
+      f'{plan["planned_flops_cpu"] / 1e12:.3g}, here '
+      f'{plan["compiled_flops_here"] / 1e12:.3g}; step ms '
+      f'{plan["step_ms"]:.1f} (planned '
+      f'{plan["planned_step_ms"] or float("nan"):.1f} at MFU '
+      f'{plan["assumed_mfu"]:.0%})'
+    )
   sample = result.get('sampler') or {}
   if 'tokens_per_sec' in sample:
     parts.append(
@@ -817,11 +920,15 @@ SHARES = {
   'sampler': 0.09,
   'scans': 0.08,
 }
+# --plan's section: seconds as a share of --budget_s, added to the budget.
+PLAN_SHARE = 0.4
 
 
 def run(args) -> dict:
   sizes = Sizes.tiny() if args.tiny else Sizes()
   budget = Budget(args.budget_s)
+  if args.plan:  # Its own time, on top of the shares of the other sections.
+    budget.end += PLAN_SHARE * args.budget_s
   result = {
     'backend': jax.default_backend(),
     'device': str(jax.devices()[0].device_kind),
@@ -836,7 +943,7 @@ def run(args) -> dict:
   t_start = time.perf_counter()
 
   def section(name, fn, default):
-    budget.section(SHARES[name] * args.budget_s)
+    budget.section(SHARES.get(name, PLAN_SHARE) * args.budget_s)
     if budget.left() <= 0:  # Earlier sections used the whole budget.
       result['sections'][name] = 'skipped: time budget'
       return default
@@ -867,6 +974,10 @@ def run(args) -> dict:
   )
   result['matmul_peak_tflops'] = peaks
   peak = 1e12 * peaks.get('bfloat16', math.nan)
+  if args.plan:
+    result['plan'] = section(
+      'plan', lambda: plan_check(sizes, budget, args.attention), {}
+    )
   result['train_step'] = section(
     'train_step',
     lambda: time_train_step(sizes, budget, peak, args.attention),
@@ -891,6 +1002,12 @@ def main(argv=None):
   p.add_argument('--budget_s', type=float, default=300.0)
   p.add_argument(
     '--attention', default='auto', help='attention_impl of the MDLM'
+  )
+  p.add_argument(
+    '--plan',
+    action='store_true',
+    help='also plan the MDLM step (ddlm_jax.training.plan) on the host CPU '
+    'and compare with this device',
   )
   args = p.parse_args(argv)
   if args.budget_s <= 0:

@@ -8,6 +8,14 @@ fine-tuned from an MDLM checkpoint (`--config.train.init_from`). Sampling:
 block by block with the KV cache, nucleus 0.9, variable length (stop at
 EOS or when the entropy of the last 256 tokens drops below 4).
 
+Sized for: mdlm_owt.py's v5p-64 slice (32 chips, 16 sequences per chip),
+but the network reads concat(z_t, x), 2L = 2048 tokens per row: ~1.0e15
+FLOPs per step (2.3x mdlm_owt's) and about twice its activations (the CPU
+plan: 115 GiB per chip, over a v5p's 95; docs/LAUNCH.md section 7). Launch
+with ``--config.model.remat=True`` or ``--config.optim.grad_accum_steps=2``
+unless the first steps on the target show that it fits (a CPU plan is an
+upper bound on the accelerator's memory).
+
 Launch:
   python -m experiments.run --config=experiments/configs/bd3_owt.py:16 \
     --workdir=$HOME/runs/bd3_owt_16 \

@@ -10,6 +10,14 @@ schedule, continuous-time NELBO, time conditioning; curriculum for the first
 Sampling in Duo ch. II (Psi-samplers): 256 steps, eta 0.01, nucleus 0.9,
 `--config.sample.sampler='psi:kappa=max_capped_eta,eta=0.01,top_p=0.9'`.
 
+Sized for: mdlm_owt.py's v5p-64 slice (32 chips, 16 sequences per chip);
+169M parameters (adaLN time conditioning), ~4.5e14 FLOPs per step by the
+closed form (the compiled count, 6.9e14, adds the curriculum's work over
+the vocabulary and counts both branches of its lax.cond, of which one
+runs); the CPU plan puts 62 GiB
+on each chip (docs/LAUNCH.md section 7). ``model.remat=True`` does not
+trace for Duo yet (the curriculum calls the network under lax.cond).
+
 Launch:
   python -m experiments.run --config=experiments/configs/duo_owt.py \
     --workdir=$HOME/runs/duo_owt

@@ -11,7 +11,8 @@ suite's transformer has no dropout.)
 
 Sized for: a Cloud TPU v5p-32 slice (16 chips, 4 hosts; 32 sequences per
 chip) or one 8-GPU host (64 per GPU), pure data parallelism (mesh (-1, 1, 1));
-~1.3e14 FLOPs and 131k tokens per step.
+~7.1e13 FLOPs (92M parameters) and 131k tokens per step
+(`--mode=plan`; docs/LAUNCH.md section 7).
 
 Data: text8.zip in ~/ddlm_data/text8 (docs/LAUNCH.md: ``wget -P
 ~/ddlm_data/text8 http://mattmahoney.net/dc/text8.zip``).

@@ -13,7 +13,8 @@ with 2,500 warmup steps then constant, gradient clip 1.0, EMA 0.9999. Steps:
 is ~500k steps, so compare the curve at both points.
 
 Sized for: a Cloud TPU v5p-16 slice (8 chips, 2 hosts; 64 sentences per chip)
-or one 8-GPU host; ~6e13 FLOPs and 65k token slots per step.
+or one 8-GPU host; ~4.4e13 FLOPs (132M parameters) and 65k token slots per
+step (`--mode=plan`; docs/LAUNCH.md section 7).
 
 Data: ``python -m ddlm_jax.data.lm1b --data_dir=~/ddlm_data/tfds`` (no
 TensorFlow needed) or ``tfds build lm1b --file_format=array_record
