@@ -32,7 +32,7 @@ from ddlm_jax.training.checkpoint import (
   no_checkpoint,
 )
 from ddlm_jax.training.config import TrainerConfig
-from ddlm_jax.training.optimizer import make_optimizer
+from ddlm_jax.training.optimizer import optimizer_from_config
 from ddlm_jax.training.state import (
   TrainState,
   abstract_state,
@@ -195,18 +195,7 @@ def _to_device(batch: dict, sharding) -> dict:
 
 def build_state(task: Task, cfg: TrainerConfig, mesh):
   """(state, shardings, tx, schedule) of a task, freshly initialised."""
-  o = cfg.optimizer
-  tx, schedule = make_optimizer(
-    learning_rate=o.learning_rate,
-    warmup_steps=o.warmup_steps,
-    total_steps=cfg.num_steps,
-    weight_decay=o.weight_decay,
-    b1=o.b1,
-    b2=o.b2,
-    grad_clip=o.grad_clip,
-    final_lr_fraction=o.final_lr_fraction,
-    group_learning_rates=dict(o.group_learning_rates) or None,
-  )
+  tx, schedule = optimizer_from_config(cfg.optimizer, cfg.num_steps)
   state, shardings = init_state(
     task.init,
     tx,

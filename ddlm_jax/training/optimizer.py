@@ -85,3 +85,18 @@ def group_labels(params, groups) -> dict:
     k: jax.tree.map(lambda _, k=k: k if k in groups else 'default', v)
     for k, v in params.items()
   }
+
+
+def optimizer_from_config(optimizer, total_steps: int):
+  """make_optimizer with the fields of a typed OptimizerConfig."""
+  return make_optimizer(
+    learning_rate=optimizer.learning_rate,
+    warmup_steps=optimizer.warmup_steps,
+    total_steps=total_steps,
+    weight_decay=optimizer.weight_decay,
+    b1=optimizer.b1,
+    b2=optimizer.b2,
+    grad_clip=optimizer.grad_clip,
+    final_lr_fraction=optimizer.final_lr_fraction,
+    group_learning_rates=dict(optimizer.group_learning_rates) or None,
+  )

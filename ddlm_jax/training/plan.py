@@ -50,8 +50,8 @@ from ddlm_jax.evaluation import cost
 from ddlm_jax.parallel import batch_sharding, replicated
 from ddlm_jax.training import steps
 from ddlm_jax.training.state import (
-  TrainState,
   abstract_state,
+  fresh_state,
   module_init,
   param_shardings,
   split_model,
@@ -299,16 +299,7 @@ def abstract_state_of(init, tx, mesh, ema: bool, p_shard=None, extra=None):
   shapes only. `p_shard` defaults to replicated parameters."""
 
   def make(rng):
-    params = init(rng)
-    return TrainState(
-      step=jnp.zeros((), jnp.int32),
-      params=params,
-      opt_state=tx.init(params),
-      ema_params=params if ema else None,
-      rng=jax.random.fold_in(rng, 1),
-      bad_step=jnp.full((), -1, jnp.int32),
-      extra=None if extra is None else extra(params),
-    )
+    return fresh_state(init, tx, rng, use_ema=ema, init_extra=extra)
 
   shapes = jax.eval_shape(make, jax.random.key(0))
   if p_shard is None:
@@ -349,7 +340,7 @@ def compile_train_step(spec: LMSpec, remat: bool):
 
 def compile_eval_step(spec: LMSpec, graphdef, state, shardings):
   """The NELBO of one eval batch (one t draw), as evaluation computes it."""
-  process = getattr(spec.process, 'evaluation_process', spec.process)
+  process = spec.process.evaluation_process
   loss = steps.lm_loss(graphdef, process)
 
   def evaluate(params, batch):
@@ -543,19 +534,10 @@ def plan_task(task, trainer_config, mesh, label: str = '') -> dict:
   """The plan of any loop task (`ddlm_jax.training.fit.Task`): its train
   step compiled on `mesh` for the shapes of its first batch (read from the
   task's own stream, which for the synthetic tasks costs nothing)."""
-  from ddlm_jax.training.optimizer import make_optimizer
+  from ddlm_jax.training.optimizer import optimizer_from_config
 
-  o = trainer_config.optimizer
-  tx, _ = make_optimizer(
-    learning_rate=o.learning_rate,
-    warmup_steps=o.warmup_steps,
-    total_steps=trainer_config.num_steps,
-    weight_decay=o.weight_decay,
-    b1=o.b1,
-    b2=o.b2,
-    grad_clip=o.grad_clip,
-    final_lr_fraction=o.final_lr_fraction,
-    group_learning_rates=dict(o.group_learning_rates) or None,
+  tx, _ = optimizer_from_config(
+    trainer_config.optimizer, trainer_config.num_steps
   )
   p_shard = None
   if task.param_shardings is not None:
@@ -660,8 +642,8 @@ PAPER_PARAMS = {'openwebtext': 169_000_000}
 def spec_from_config(config, mesh) -> LMSpec:
   """An LMSpec of an LM ConfigDict on `mesh` (nothing read from disk)."""
   from ddlm_jax.training import builders
-  from ddlm_jax.training.config import warmup_steps
-  from ddlm_jax.training.optimizer import make_optimizer
+  from ddlm_jax.training.optimizer import optimizer_from_config
+  from ddlm_jax.training.run import lm_trainer_config
 
   soft_mask = config.get('soft_mask')
   settings = builders.process_settings(config.process)
@@ -669,21 +651,9 @@ def spec_from_config(config, mesh) -> LMSpec:
   process = builders.make_process(
     settings, vocab_size_of(config.data), soft_mask
   )
-  o, tr = config.optim, config.train
-  groups = None
-  if builders.soft_mask_enabled(soft_mask):
-    groups = {'soft_mask': soft_mask.learning_rate}
-  tx, _ = make_optimizer(
-    learning_rate=o.learning_rate,
-    warmup_steps=warmup_steps(o, tr.num_steps),
-    total_steps=tr.num_steps,
-    weight_decay=o.weight_decay,
-    b1=o.b1,
-    b2=o.b2,
-    grad_clip=o.grad_clip,
-    final_lr_fraction=o.final_lr_fraction,
-    group_learning_rates=groups,
-  )
+  tr = config.train
+  trainer = lm_trainer_config(config)  # The run's own optimizer settings.
+  tx, _ = optimizer_from_config(trainer.optimizer, trainer.num_steps)
 
   def build(remat: bool):
     model = config.model.copy_and_resolve_references()
@@ -708,8 +678,8 @@ def spec_from_config(config, mesh) -> LMSpec:
     seq_len=config.data.seq_len,
     num_steps=tr.num_steps,
     remat=bool(config.model.get('remat', False)),
-    ema_decay=o.ema_decay,
-    accum_steps=o.grad_accum_steps,
+    ema_decay=trainer.ema_decay,
+    accum_steps=trainer.grad_accum_steps,
     loss_mask=config.data.get('packing', 'packed') == 'padded'
     and config.data.corpus == 'lm1b',
     eval_batch_size=config.eval.batch_size,
@@ -724,7 +694,7 @@ def spec_from_config(config, mesh) -> LMSpec:
       'depth': mcfg.depth,
       'vocab': process.vocab_size,
       'dtype': mcfg.dtype,
-      'grad_accum_steps': o.grad_accum_steps,
+      'grad_accum_steps': trainer.grad_accum_steps,
     },
   )
 

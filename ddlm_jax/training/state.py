@@ -85,6 +85,28 @@ def module_init(build: Callable[[], nnx.Module]):
   return init
 
 
+def fresh_state(
+  init: Callable[[jax.Array], Any],
+  tx: optax.GradientTransformation,
+  rng: jax.Array,
+  *,
+  use_ema: bool,
+  init_extra: Callable[[Any], Any] | None = None,
+) -> TrainState:
+  """The TrainState at step 0 (traceable: jit it with out_shardings, or
+  eval_shape it for shapes only)."""
+  params = init(rng)
+  return TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    ema_params=params if use_ema else None,
+    rng=jax.random.fold_in(rng, 1),
+    bad_step=jnp.full((), -1, jnp.int32),
+    extra=None if init_extra is None else init_extra(params),
+  )
+
+
 def init_state(
   init: Callable[[jax.Array], Any],
   tx: optax.GradientTransformation,
@@ -103,16 +125,7 @@ def init_state(
   """
 
   def make(rng):
-    params = init(rng)
-    return TrainState(
-      step=jnp.zeros((), jnp.int32),
-      params=params,
-      opt_state=tx.init(params),
-      ema_params=params if use_ema else None,
-      rng=jax.random.fold_in(rng, 1),
-      bad_step=jnp.full((), -1, jnp.int32),
-      extra=None if init_extra is None else init_extra(params),
-    )
+    return fresh_state(init, tx, rng, use_ema=use_ema, init_extra=init_extra)
 
   rng = jax.random.key(seed)
   abstract_train = jax.eval_shape(make, rng)
