@@ -105,14 +105,17 @@ class _OneLineLogs(std_logging.Filter):
   """Log records without their tracebacks, cut to their first line.
 
   orbax logs a failed background save at ERROR with the traceback of
-  every failed write (hundreds of lines for a full disk); the run reports
-  the fault itself in one line, so orbax's own records are dropped.
+  every failed write (hundreds of lines for a full disk), and asyncio logs
+  each of its failed write tasks at exit; the run reports the fault itself
+  in one line, so those records are dropped.
   --debug keeps them all.
   """
 
   def filter(self, record):
     if '/orbax/' in record.pathname and record.levelno < std_logging.CRITICAL:
       return False  # Its failures reach the run as one-line errors.
+    if record.name == 'asyncio' and 'never retrieved' in record.getMessage():
+      return False  # orbax's failed background writes, reported above.
     if record.exc_info or record.exc_text:
       record.exc_info, record.exc_text = None, None
     message = record.getMessage()
@@ -163,6 +166,14 @@ def main(argv):
       raise
     code, line = answer
     print(f'error: {line}', file=sys.stderr)
+    if code == faults.WRITE_FAILED:
+      # The checkpoint writer's native threads still hold failed writes; a
+      # normal interpreter shutdown lets them print tracebacks after this
+      # line. Every complete checkpoint is on disk already (the line names
+      # the newest), so the process ends here.
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(code)
     sys.exit(code)
   print(mode_summary(result, mode, workdir, _SPLIT.value))
   if isinstance(result, dict) and 'preempted_at_step' in result:
