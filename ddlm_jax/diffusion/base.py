@@ -202,7 +202,7 @@ _REGISTRY: dict[str, type[ProcessConfig]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
-class ProcessConfig:
+class ProcessConfig(abc.ABC):
   """A family's typed settings; subclasses register the kinds they serve.
 
   Fields are the keys of a run's `config.process` block besides `kind`;
@@ -239,10 +239,10 @@ class ProcessConfig:
 
     return wrap
 
+  @abc.abstractmethod
   def build(self, vocab_size: int) -> Process:
     """The process over `vocab_size` data tokens (its constructor checks
     the ranges of every setting)."""
-    raise NotImplementedError(f'{type(self).__name__} must define build().')
 
   def check(self, backbone: Backbone, seq_len: int) -> None:
     """ValueError naming the fix if the backbone or length cannot serve."""

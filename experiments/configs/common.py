@@ -22,7 +22,7 @@ import tempfile
 
 import ml_collections
 
-from ddlm_jax.diffusion.base import default_block, switch_block
+from ddlm_jax.diffusion.base import default_block
 from ddlm_jax.training.config import apply_overrides
 
 
@@ -185,12 +185,8 @@ def set_process(c: ml_collections.ConfigDict, kind: str, **settings):
 
   A family's own keys come with their defaults; `settings` are set last.
   """
-  block = switch_block(c.process.to_dict(), kind)
-  block.update(settings)
-  c.process = ml_collections.ConfigDict(block)
-  if c.is_locked:
-    c.process.lock()
-  return c
+  dotted = {f'process.{key}': value for key, value in settings.items()}
+  return apply_overrides(c, {'process.kind': kind, **dotted})
 
 
 def override(
