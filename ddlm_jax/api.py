@@ -186,7 +186,7 @@ class Model:
   def seq_len(self) -> int:
     return int(self.config.data.seq_len)
 
-  # The duck type of training.run.Run that draw_samples reads.
+  # The duck type of tasks.language_model.Run that draw_samples reads.
   def eval_params(self):
     return self.params
 
@@ -455,7 +455,7 @@ def load(workdir: str, *, use_ema: bool | None = None) -> Model:
     use_ema: evaluate with the EMA parameters (default: the run's
       eval.use_ema); ignored when the run kept no EMA.
   """
-  from ddlm_jax.training.run import load_config
+  from ddlm_jax.tasks.language_model import load_config
 
   workdir = os.fspath(workdir)
   config = load_config(workdir)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ddlm_jax.diffusion.block import select_clip
 from ddlm_jax.evaluation.sample_run import make_apply
-from ddlm_jax.training.run import load_run
+from ddlm_jax.tasks.language_model import load_run
 
 DEFAULT_CLIPS = '0,1;0.3,0.8;0.45,0.95;0.5,1;0.2,0.7'
 

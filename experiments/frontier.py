@@ -358,7 +358,7 @@ def frontier(config, workdir: str, opts: Options) -> dict:
   """Runs the frontier; writes and returns {'rows', 'curves', ...}."""
   from ddlm_jax.evaluation.sample_metrics import ARScorer, sample_quality
   from ddlm_jax.evaluation.sample_run import reference_texts
-  from ddlm_jax.training.run import load_config, load_run
+  from ddlm_jax.tasks.language_model import load_config, load_run
 
   if not opts.temperatures or min(opts.temperatures) <= 0:
     raise ValueError(

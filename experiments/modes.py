@@ -8,11 +8,12 @@ import os
 
 import ml_collections
 
-from ddlm_jax.planning.trainer import run_planner_executor
-from ddlm_jax.training import classification, loop, plan
+from ddlm_jax.tasks import state_tracking
+from ddlm_jax.tasks.language_model import load_config
+from ddlm_jax.tasks.planner import run_planner_executor
+from ddlm_jax.training import loop, plan
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.faults import read_json
-from ddlm_jax.training.run import load_config
 
 MODES = {
   'lm': ('train', 'eval', 'sample', 'plan'),
@@ -82,8 +83,8 @@ def run(
     return plan.write_plan(config, workdir)
   if kind == 'state_tracking':
     if mode == 'eval':
-      return classification.evaluate_checkpoint(config, workdir)
-    return classification.train_state_tracking(
+      return state_tracking.evaluate_checkpoint(config, workdir)
+    return state_tracking.train_state_tracking(
       config, workdir, allow_fresh_start=allow_fresh_start
     )
   if kind == 'planner_executor':

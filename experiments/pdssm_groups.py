@@ -4,7 +4,7 @@ A diagnostic driver (docs/HISTORY.md section 5.3): it
 builds the state-tracking config of experiments/configs/state_tracking.py
 from its flags (preset and model as given; --loss=prefix is
 ``task.loss_on='prefix'``, --magnitude_init is ``model.magnitude_init``),
-trains through the one loop (``classification.train_state_tracking``) and,
+trains through the one loop (``st_task.train_state_tracking``) and,
 through the task's eval hook, records at every evaluation what the hardmax
 selects: for layer 0 (whose transition depends on the token only) the
 permutation P chosen per token, whether it is a bijection, how many distinct
@@ -32,7 +32,7 @@ from flax import nnx
 
 from ddlm_jax.data import state_tracking as st
 from ddlm_jax.models import sequence_classifier as sc
-from ddlm_jax.training import classification
+from ddlm_jax.tasks import state_tracking as st_task
 from experiments.configs import state_tracking as cfgs
 
 
@@ -182,9 +182,7 @@ def _header(args, c, ccfg) -> dict:
 
 def diagnostics_hook(c, ccfg):
   """The loop's eval hook: P_t diagnostics and train-length accuracy."""
-  graphdef, _, eval_step = classification.programs(
-    ccfg, bool(c.train.fast_compile)
-  )
+  graphdef, _, eval_step = st_task.programs(ccfg, bool(c.train.fast_compile))
   kw = dict(
     num_generators=c.task.num_generators or None,
     generator_seed=c.task.generator_seed,
@@ -204,9 +202,7 @@ def diagnostics_hook(c, ccfg):
   )  # fmt: skip
 
   def hook(params, step):
-    short = classification.evaluate(
-      eval_step, params, val_short, c.eval.batch_size
-    )
+    short = st_task.evaluate(eval_step, params, val_short, c.eval.batch_size)
     diag = diagnose(nnx.merge(graphdef, params), ccfg.vocab_size, val)
     print(
       f'  step {step}: train-length acc {short["accuracy"]:.4f}; layer-0 '
@@ -224,16 +220,16 @@ def main(argv=None):
   args = parse(argv)
   os.makedirs(args.out, exist_ok=True)
   c = build_config(args)
-  ccfg = classification.classifier_config(c)
+  ccfg = st_task.classifier_config(c)
   header = _header(args, c, ccfg)
   print(json.dumps(header), flush=True)
-  summary = classification.train_state_tracking(
+  summary = st_task.train_state_tracking(
     c, args.out, eval_hook=diagnostics_hook(c, ccfg)
   )
   # The best-validation parameters for pdssm_posthoc.py, from the
   # checkpoint the loop wrote.
-  state = classification.restore_state(c, args.out)
-  best = jax.tree.map(np.asarray, classification.best_params(state))
+  state = st_task.restore_state(c, args.out)
+  best = jax.tree.map(np.asarray, st_task.best_params(state))
   with open(os.path.join(args.out, 'best_params.pkl'), 'wb') as f:
     pickle.dump(best, f)
   summary = dict(

@@ -15,7 +15,7 @@ from flax import nnx
 
 from ddlm_jax.data import state_tracking as st
 from ddlm_jax.models import sequence_classifier as sc
-from ddlm_jax.training import classification
+from ddlm_jax.tasks import state_tracking as st_task
 from experiments import pdssm_groups as pg
 
 
@@ -31,7 +31,7 @@ def main(run):
   ]  # fmt: skip
   a = pg.parse(argv)
   c = pg.build_config(a)
-  ccfg = classification.classifier_config(c)
+  ccfg = st_task.classifier_config(c)
   model = sc.SequenceClassifier(ccfg, rngs=nnx.Rngs(0))
   with open(f'{run}/best_params.pkl', 'rb') as f:
     params = pickle.load(f)

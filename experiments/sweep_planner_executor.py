@@ -19,7 +19,7 @@ import time
 
 from absl import app, flags, logging
 
-from ddlm_jax.planning.trainer import run_planner_executor
+from ddlm_jax.tasks.planner import run_planner_executor
 from experiments import sweeps
 from experiments.configs import planner_executor as pe_config
 from experiments.configs.common import config_arg

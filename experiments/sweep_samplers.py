@@ -44,7 +44,7 @@ from ddlm_jax.evaluation.sample_metrics import (
 from ddlm_jax.evaluation.sample_run import draw_samples, reference_texts
 from ddlm_jax.sampling import sweep as sampler_sweep
 from ddlm_jax.sampling.registry import get_sampler
-from ddlm_jax.training.run import load_run
+from ddlm_jax.tasks.language_model import load_run
 
 
 def build_grid(args) -> list[dict]:

@@ -38,7 +38,7 @@ import sys
 import numpy as np
 
 from ddlm_jax.evaluation import soft_masking
-from ddlm_jax.training.run import load_run
+from ddlm_jax.tasks.language_model import load_run
 from experiments import sweeps
 from experiments.configs import quickstart, sm_continue
 from experiments.configs.common import config_arg, override

@@ -4,7 +4,7 @@
     --tasks=parity,cycle_nav --seeds=0,1,2 --preset=cpu --out=runs/st_sweep
 
 Each run trains in OUT/MODEL_TASK_sSEED through
-``classification.train_state_tracking``; a run whose summary.json says it
+``st_task.train_state_tracking``; a run whose summary.json says it
 finished is skipped, an interrupted one resumes from its checkpoint. Runs go
 seed by seed (every model and task at seed 0 first), so a partial sweep
 already fills the table. After every run OUT/results.json and OUT/results.md
@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 from absl import app, flags, logging
 
-from ddlm_jax.training import classification
+from ddlm_jax.tasks import state_tracking as st_task
 from ddlm_jax.training.metrics import read_metrics, write_json
 from experiments import sweeps
 from experiments.configs import state_tracking as cfgs
@@ -180,15 +180,13 @@ def rescore_by_length(workdir: str, num_buckets: int = 6) -> dict:
     raise ValueError(f'{workdir}: not a finished run with a test score.')
   with open(os.path.join(workdir, 'config.json')) as f:
     config = ml_collections.ConfigDict(json.load(f))
-  res, test = classification.score_best(
-    config, classification.restore_state(config, workdir)
-  )
+  res, test = st_task.score_best(config, st_task.restore_state(config, workdir))
   if abs(res['accuracy'] - summary['test_accuracy']) > 1e-6:
     raise ValueError(
       f'{workdir}: rescored test accuracy {res["accuracy"]:.6f} differs '
       f'from the recorded {summary["test_accuracy"]:.6f}.'
     )
-  summary['test_accuracy_by_length'] = classification.accuracy_by_length(
+  summary['test_accuracy_by_length'] = st_task.accuracy_by_length(
     res['hit'], test['lengths'], num_buckets
   )
   write_json(summary_path, summary)
@@ -295,7 +293,7 @@ def sweep(
 
   def train(config, workdir):
     t0 = time.time()
-    summary = classification.train_state_tracking(config, workdir)
+    summary = st_task.train_state_tracking(config, workdir)
     print(
       f'== {config.model.mixer} {config.task.name} seed {config.seed}: test '
       f'{summary.get("test_accuracy", float("nan")):.4f} '

@@ -14,9 +14,9 @@ import pytest
 
 import ddlm_jax
 from ddlm_jax.evaluation.likelihood import evaluate_likelihood
+from ddlm_jax.tasks.language_model import load_run
 from ddlm_jax.training import loop
 from ddlm_jax.training.config import ConfigError
-from ddlm_jax.training.run import load_run
 from experiments.configs import ar_quickstart
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

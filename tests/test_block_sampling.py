@@ -404,8 +404,8 @@ def test_eos_stop_takes_the_tokenizer_end_of_text_id(tmp_path):
   """stop='eos' without eos_id: the run fills in its tokenizer's EOS id
   (OWT's byte BPE has <|endoftext|>); a character tokenizer has none, and
   the run refuses before training, naming the stops that work without."""
+  from ddlm_jax.tasks.language_model import Run
   from ddlm_jax.training.config import ConfigError
-  from ddlm_jax.training.run import Run
   from experiments.configs import bd3_owt, bd3_quickstart
 
   c = bd3_owt.get_config('16,smoke')

@@ -18,10 +18,10 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from ddlm_jax.planning import trainer as pe_trainer
+from ddlm_jax.tasks import language_model as run_lib
+from ddlm_jax.tasks import planner as planner_task
 from ddlm_jax.training import builders
 from ddlm_jax.training import config as config_lib
-from ddlm_jax.training import run as run_lib
 from ddlm_jax.training.config import ConfigError
 from experiments import flag_errors as cli
 from experiments.configs import planner_executor, quickstart
@@ -45,7 +45,7 @@ def test_every_old_key_is_gone_and_its_new_key_exists():
     assert leaf in config[block], new
     assert old.split('.')[1] not in config[old.split('.')[0]], old
   config_lib.check_renamed_keys(lm)  # Nothing to refuse.
-  pe_trainer.check_config(pe)
+  planner_task.check_config(pe)
 
 
 def test_migration_moves_a_saved_batch_size_and_nothing_else():
@@ -113,17 +113,17 @@ def test_planner_stage_blocks_read_num_steps_and_refuse_steps():
   c = planner_executor.get_config('latent,smoke')
   c.train.max_stage_steps = 0
   c.executor.num_steps = 7
-  assert pe_trainer.num_steps(c, c.executor) == 7
-  assert pe_trainer.stage_trainer_config(c, 'executor').num_steps == 7
+  assert planner_task.num_steps(c, c.executor) == 7
+  assert planner_task.stage_trainer_config(c, 'executor').num_steps == 7
   c.train.max_stage_steps = 3
-  assert pe_trainer.num_steps(c, c.executor) == 3
+  assert planner_task.num_steps(c, c.executor) == 3
   c.executor.num_steps = 0
   with pytest.raises(ConfigError, match=r'executor.num_steps=0'):
-    pe_trainer.check_config(c)
+    planner_task.check_config(c)
   c.executor.num_steps = 3
   c.latent.steps = 3
   with pytest.raises(ConfigError) as err:
-    pe_trainer.check_config(c)
+    planner_task.check_config(c)
   assert str(err.value) == config_lib.renamed_key_message('latent.steps')
 
 

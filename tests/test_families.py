@@ -13,8 +13,8 @@ import os
 import numpy as np
 import pytest
 
+from ddlm_jax.tasks.language_model import load_run
 from ddlm_jax.training import builders, loop
-from ddlm_jax.training.run import load_run
 from experiments.configs import bd3_quickstart, duo_quickstart, mdlm_ce
 from experiments.configs.common import override
 

@@ -21,6 +21,7 @@ import pytest
 
 from ddlm_jax.data.tokenizers import CharTokenizer, load_tokenizer
 from ddlm_jax.sampling.autoregressive import autoregressive_sample
+from ddlm_jax.tasks.language_model import check_prompt, load_config
 from ddlm_jax.training import config as config_lib
 from ddlm_jax.training import faults, fit, loop
 from ddlm_jax.training.checkpoint import (
@@ -29,7 +30,6 @@ from ddlm_jax.training.checkpoint import (
   NoCheckpointError,
 )
 from ddlm_jax.training.config import ConfigError
-from ddlm_jax.training.run import check_prompt, load_config
 from ddlm_jax.training.workdir_lock import WorkdirLock
 from experiments import modes
 from experiments.configs import (
@@ -606,7 +606,7 @@ def test_cli_all_checkpoints_corrupt_exits_65_until_allowed(tmp_path):
 
 _SIGTERM_IN_SAMPLING = """
 import os, signal, time
-import ddlm_jax.training.run as run_lib
+import ddlm_jax.tasks.language_model as run_lib
 def _sample(*a, **kw):
   os.kill(os.getpid(), signal.SIGTERM)
   time.sleep(30)  # The signal must cut this short.

@@ -17,8 +17,9 @@ import jax
 import numpy as np
 import pytest
 
-from ddlm_jax.training import classification, loop
-from ddlm_jax.training.run import load_run
+from ddlm_jax.tasks import state_tracking as st_task
+from ddlm_jax.tasks.language_model import load_run
+from ddlm_jax.training import loop
 from experiments.configs import (
   ar_quickstart,
   bd3_quickstart,
@@ -128,13 +129,13 @@ def test_state_tracking_resume_reproduces_state_and_metrics(tmp_path):
     return c
 
   full, part = str(tmp_path / 'full'), str(tmp_path / 'part')
-  classification.train_state_tracking(config(), full)
-  classification.train_state_tracking(config(halt=3), part)
-  resumed = classification.train_state_tracking(config(), part)
+  st_task.train_state_tracking(config(), full)
+  st_task.train_state_tracking(config(halt=3), part)
+  resumed = st_task.train_state_tracking(config(), part)
   assert resumed['start_step'] == 3 and resumed['finished']
   _same_records(_records(part), _records(full))
-  got = classification.restore_state(config(), part)
-  ref = classification.restore_state(config(), full)
+  got = st_task.restore_state(config(), part)
+  ref = st_task.restore_state(config(), full)
   _same_leaves(got.params, ref.params)
   _same_leaves(got.extra, ref.extra)
 
@@ -143,7 +144,7 @@ def test_state_tracking_resume_reproduces_state_and_metrics(tmp_path):
 def test_planner_stages_resume_reproduce_state_and_metrics(tmp_path):
   """Every stage (planner, executor, projector) halts after 2 of its 3
   steps; four starts finish the pipeline as one uninterrupted start."""
-  from ddlm_jax.planning.trainer import load_models, run_planner_executor
+  from ddlm_jax.tasks.planner import load_models, run_planner_executor
   from experiments.configs import planner_executor
 
   def config(halt=0):

@@ -469,7 +469,7 @@ def test_converted_directory_is_a_run(tmp_path):
   """A converted directory loads like a run: load_run restores step 0,
   --mode=sample writes samples from the imported model, and --mode=eval
   scores it on text through the run's own pipeline."""
-  from ddlm_jax.training.run import load_config, load_run
+  from ddlm_jax.tasks.language_model import load_config, load_run
   from experiments import convert, modes
 
   _reference('llada', tmp_path / 'hf')

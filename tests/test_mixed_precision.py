@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from ddlm_jax.tasks.language_model import Run
 from ddlm_jax.training import fit
-from ddlm_jax.training.run import Run
 from experiments.configs import quickstart
 
 RTOL = 1e-2

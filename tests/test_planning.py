@@ -13,9 +13,10 @@ import pytest
 from ddlm_jax.data import planning_tasks as pt
 from ddlm_jax.data import reasoning as rs
 from ddlm_jax.evaluation.cost import transformer_flops
-from ddlm_jax.planning import conditional, layout, pipelines, trainer
+from ddlm_jax.planning import conditional, layout, pipelines
 from ddlm_jax.planning import models as pm
 from ddlm_jax.sampling.registry import get_sampler
+from ddlm_jax.tasks import planner as planner_task
 from experiments.configs import planner_executor as pe_config
 from experiments.configs.common import override
 
@@ -169,7 +170,7 @@ def smoke_runs(tmp_path_factory):
   outs = {}
   for name in pipelines.PIPELINES:
     config = _smoke(name, models)
-    outs[name] = trainer.run_planner_executor(config, str(tmp / name))
+    outs[name] = planner_task.run_planner_executor(config, str(tmp / name))
   return models, outs
 
 
@@ -178,10 +179,10 @@ def test_projector_trains_with_planner_and_executor_frozen(
   tmp_path, smoke_runs
 ):
   config = _smoke('latent', smoke_runs[0])
-  graphdefs, params = trainer.load_models(config, config.models_dir)
+  graphdefs, params = planner_task.load_models(config, config.models_dir)
   before = jax.tree.map(np.array, params)
-  proj0 = pm.split(trainer.build_projector(config, config.seed))[1]
-  graphdefs, trained = trainer.train_projector(
+  proj0 = pm.split(planner_task.build_projector(config, config.seed))[1]
+  graphdefs, trained = planner_task.train_projector(
     config, str(tmp_path / 'latent'), graphdefs, params
   )
   for name in ('planner', 'executor'):
@@ -192,7 +193,7 @@ def test_projector_trains_with_planner_and_executor_frozen(
   assert any(jax.tree.leaves(moved))
   # The option unfreezes the executor (the planner stays frozen).
   config.latent.unfreeze_executor = True
-  _, unfrozen = trainer.train_projector(
+  _, unfrozen = planner_task.train_projector(
     config, str(tmp_path / 'latent_unfrozen'), graphdefs, params
   )
   jax.tree.map(np.testing.assert_array_equal, before['planner'],
@@ -211,7 +212,7 @@ def test_smoke_presets_of_every_pipeline_run(smoke_runs):
     config = _smoke(name, smoke_runs[0])
     assert set(out['per_level']) == {'1', '2', '3', '4', '5'}
     assert 0.0 <= out['accuracy'] <= 1.0
-    cfgs = trainer.model_configs(config)
+    cfgs = planner_task.model_configs(config)
     exec_call = transformer_flops(
       cfgs['executor'], 1, layout.executor_length(config.reasoning.plan_len)
     )
@@ -238,6 +239,6 @@ def test_bad_configs_raise():
   config = pe_config.get_config('text,smoke')
   config.reasoning.plan_len = 8
   with pytest.raises(ValueError, match='plan_len'):
-    trainer.check_config(config)
+    planner_task.check_config(config)
   with pytest.raises(ValueError, match='latent_source'):
     pipelines.PipelineSpec('latent', P, latent_source='mean')

@@ -21,9 +21,10 @@ from ddlm_jax.data import countdown, paths, sudoku
 from ddlm_jax.data import planning_tasks as pt
 from ddlm_jax.data import reasoning as rs
 from ddlm_jax.evaluation.cost import transformer_flops
-from ddlm_jax.planning import conditional, layout, pipelines, trainer
+from ddlm_jax.planning import conditional, layout, pipelines
 from ddlm_jax.planning import models as pm
 from ddlm_jax.sampling.registry import get_sampler, parse_spec
+from ddlm_jax.tasks import planner as planner_task
 from experiments.configs import planner_executor as pe_config
 
 NEW = ('sudoku4', 'countdown', 'paths')
@@ -226,18 +227,18 @@ def test_bad_input_raises_before_training():
   config = pe_config.get_config('text,countdown,smoke')
   config.reasoning.plan_len = 12
   with pytest.raises(ValueError, match='plan_len'):
-    trainer.check_config(config)
+    planner_task.check_config(config)
   config = pe_config.get_config('text,paths,smoke')
   config.reasoning.heldout_level = 4
   with pytest.raises(ValueError, match='heldout_level'):
-    trainer.check_config(config)
+    planner_task.check_config(config)
   config = pe_config.get_config('text,smoke')
   config.task = 'nope'
   with pytest.raises(ValueError, match='config.task'):
-    trainer.check_config(config)
+    planner_task.check_config(config)
   config.task = 'countdown'  # arithmetic levels 1-5 do not exist there
   with pytest.raises(ValueError, match='levels'):
-    trainer.check_config(config)
+    planner_task.check_config(config)
   with pytest.raises(ValueError, match='plan_len'):
     pipelines.PipelineSpec('direct', 4, task='countdown')
 
@@ -325,7 +326,7 @@ def test_smoke_presets_of_every_pipeline_run_on_the_task(name, tmp_path):
   for pipe in pipes:
     config = pe_config.get_config(f'{pipe},{name},smoke')
     config.models_dir = models
-    out = trainer.run_planner_executor(config, str(tmp_path / pipe))
+    out = planner_task.run_planner_executor(config, str(tmp_path / pipe))
     task = pt.get_task(name)
     assert out['task'] == name
     assert set(out['per_level']) == {str(v) for v in task.levels}

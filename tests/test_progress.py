@@ -6,8 +6,8 @@ import types
 
 import pytest
 
+from ddlm_jax.tasks.language_model import load_config
 from ddlm_jax.training import loop, metrics, progress
-from ddlm_jax.training.run import load_config
 
 
 def test_rate_and_eta_exclude_compilation(monkeypatch, capsys):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ddlm_jax.data import corpus, tokenizers
-from ddlm_jax.training.run import load_run
+from ddlm_jax.tasks.language_model import load_run
 from experiments import modes, sweep_samplers, sweep_soft_masking
 from experiments.configs import (
   ar_quickstart_bpe,

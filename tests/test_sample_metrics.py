@@ -165,8 +165,8 @@ def test_transformer_flops_match_xla_cost_analysis():
 @pytest.mark.slow
 def test_load_run_samples_and_scores_with_an_ar_scorer(tmp_path, capsys):
   from ddlm_jax.evaluation.sample_run import sample_and_score
+  from ddlm_jax.tasks.language_model import Run, load_run
   from ddlm_jax.training.checkpoint import Checkpointer
-  from ddlm_jax.training.run import Run, load_run
   from experiments.configs import quickstart
 
   text = tmp_path / 'text.txt'

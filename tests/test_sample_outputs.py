@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from ddlm_jax.evaluation import sample_run
+from ddlm_jax.tasks.language_model import load_config
 from ddlm_jax.training import loop
 from ddlm_jax.training.config import ConfigError
-from ddlm_jax.training.run import load_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

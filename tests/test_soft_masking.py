@@ -262,7 +262,7 @@ def _sm_config(base, **overrides):
 
 
 def _final_params(workdir):
-  from ddlm_jax.training.run import load_run
+  from ddlm_jax.tasks.language_model import load_run
 
   run = load_run(workdir)
   params = jax.device_get(run.state.params)

@@ -23,7 +23,8 @@ from flax import nnx
 
 from ddlm_jax.data import state_tracking as st
 from ddlm_jax.models import sequence_classifier as sc
-from ddlm_jax.training import classification, metrics
+from ddlm_jax.tasks import state_tracking as st_task
+from ddlm_jax.training import metrics
 from ddlm_jax.training.config import ConfigError
 from experiments.configs import state_tracking as cfgs
 
@@ -53,20 +54,20 @@ def test_every_group_task_is_reachable_from_the_config_argument():
   for name, spec in st.GROUP_TASKS.items():
     c = cfgs.get_config(f'pdssm_paper,{name},paper1')
     assert c.task.name == name and c.task.loss_on == 'last'
-    ccfg = classification.classifier_config(c)
+    ccfg = st_task.classifier_config(c)
     # By default every group element is a token, plus PAD.
     assert (ccfg.vocab_size, ccfg.num_classes) == (
       spec.num_classes + 1,
       spec.num_classes,
     )
     c.task.num_generators = 2
-    ccfg = classification.classifier_config(c)
+    ccfg = st_task.classifier_config(c)
     assert (ccfg.vocab_size, ccfg.num_classes) == (3, spec.num_classes)
 
 
 def test_prefix_labels_of_the_train_stream_are_running_products():
   c = _config(num_generators=2, loss_on='prefix')
-  task = classification.state_tracking_task(c)
+  task = st_task.state_tracking_task(c)
   batch = next(task.batches(0))
   gens = [int(g) for g in st.group_generators('S3', 2)]
   assert len(set(gens)) == 2 and 0 not in gens  # Not the identity.
@@ -77,7 +78,7 @@ def test_prefix_labels_of_the_train_stream_are_running_products():
     np.testing.assert_array_equal(pre[:n], want)
     assert lab == want[-1]
   # The last-token loss's stream carries no prefix labels.
-  plain = next(classification.state_tracking_task(_config()).batches(0))
+  plain = next(st_task.state_tracking_task(_config()).batches(0))
   assert 'prefix_labels' not in plain
 
 
@@ -87,7 +88,7 @@ def _log_softmax(z):
 
 
 @functools.partial(
-  jax.jit, static_argnums=0, compiler_options=classification.FAST_COMPILE
+  jax.jit, static_argnums=0, compiler_options=st_task.FAST_COMPILE
 )
 def _last_token_logits(graphdef, params, tokens_BxL, lengths_B):
   return nnx.merge(graphdef, params)(tokens_BxL, lengths_B)
@@ -95,12 +96,10 @@ def _last_token_logits(graphdef, params, tokens_BxL, lengths_B):
 
 def test_prefix_loss_equals_independent_mean_over_real_positions():
   c = _config(loss_on='prefix')
-  task = classification.state_tracking_task(c)
-  graphdef, init, _ = classification.programs(
-    classification.classifier_config(c), True
-  )
+  task = st_task.state_tracking_task(c)
+  graphdef, init, _ = st_task.programs(st_task.classifier_config(c), True)
   params = jax.jit(init)(jax.random.key(3))
-  loss = jax.jit(task.loss, compiler_options=classification.FAST_COMPILE)
+  loss = jax.jit(task.loss, compiler_options=st_task.FAST_COMPILE)
   data = st.make_split('s3', 'train', 4, seed=1, max_len=6, prefix_labels=True)
   lengths = data['lengths']
   gens = list(range(6))
@@ -136,10 +135,10 @@ def test_prefix_loss_equals_independent_mean_over_real_positions():
   # Micro-batches weigh by their real positions (not their sequences).
   assert float(task.weight(data)) == lengths.sum()
   # 'last' is the benchmark's last-token loss, weighted per sequence.
-  last_task = classification.state_tracking_task(_config())
-  got_last, _ = jax.jit(
-    last_task.loss, compiler_options=classification.FAST_COMPILE
-  )(params, None, data)
+  last_task = st_task.state_tracking_task(_config())
+  got_last, _ = jax.jit(last_task.loss, compiler_options=st_task.FAST_COMPILE)(
+    params, None, data
+  )
   full = np.asarray(
     _last_token_logits(graphdef, params, data['tokens'], lengths)
   )
@@ -175,9 +174,9 @@ def test_bad_options_are_refused_before_compute(
   def no_compute(*args, **kwargs):
     raise AssertionError('the loop started before the config was checked')
 
-  monkeypatch.setattr(classification, 'fit', no_compute)
+  monkeypatch.setattr(st_task, 'fit', no_compute)
   with pytest.raises(ConfigError, match=match):
-    classification.train_state_tracking(c, str(tmp_path))
+    st_task.train_state_tracking(c, str(tmp_path))
   assert os.listdir(tmp_path) == []
 
 
@@ -185,26 +184,26 @@ def test_model_options_reach_the_mixer():
   c = _config(model='pdssm')
   c.model.magnitude_init = 0.9
   c.model.init = 'authors'
-  ccfg = classification.classifier_config(c)
+  ccfg = st_task.classifier_config(c)
   assert dict(ccfg.mixer_kwargs)['magnitude_init'] == 0.9
   build = lambda cfg: sc.SequenceClassifier(cfg, rngs=nnx.Rngs(0))
   assert nnx.eval_shape(lambda: build(ccfg)).blocks[0].mixer.init == 'authors'
   # sigmoid(bias) = magnitude_init: |D_t| starts there.
-  _, init, _ = classification.programs(ccfg, True)
+  _, init, _ = st_task.programs(ccfg, True)
   params = jax.jit(init)(jax.random.key(0))
   bias = np.asarray(params['blocks'][0]['mixer']['mag_mlp']['fc2']['bias'])
   np.testing.assert_allclose(1 / (1 + np.exp(-bias)), 0.9, rtol=1e-6)
   # '' / 0 keep each mixer's default (the authors' init for pdssm_paper).
   for name, want in (('pdssm', 'default'), ('pdssm_paper', 'authors')):
-    ccfg = classification.classifier_config(_config(model=name))
+    ccfg = st_task.classifier_config(_config(model=name))
     assert 'init' not in dict(ccfg.mixer_kwargs)
     model = nnx.eval_shape(lambda cfg=ccfg: build(cfg))
     assert model.blocks[0].mixer.init == want
   # A config saved before the keys existed builds the same model.
   old = _config(model='pdssm_paper')
   del old.model['init'], old.model['magnitude_init'], old.task['loss_on']
-  assert classification.classifier_config(old) == ccfg
-  assert classification.loss_on(old) == 'last'
+  assert st_task.classifier_config(old) == ccfg
+  assert st_task.loss_on(old) == 'last'
 
 
 @pytest.mark.slow
@@ -248,7 +247,7 @@ def test_pdssm_groups_trains_through_the_loop_and_records_p_t(tmp_path):
   args = pdssm_groups.parse(['--task=s3', '--num_generators=2',
                              '--preset=smoke', '--N=8', '--layers=1',
                              f'--out={out}'])  # fmt: skip
-  ccfg = classification.classifier_config(pdssm_groups.build_config(args))
+  ccfg = st_task.classifier_config(pdssm_groups.build_config(args))
   # An abstract model (no initialisation to compute) has the same structure.
   model = nnx.eval_shape(lambda: sc.SequenceClassifier(ccfg, rngs=nnx.Rngs(0)))
   nnx.update(model, params)  # The structure matches the model's.

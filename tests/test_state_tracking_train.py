@@ -1,4 +1,4 @@
-"""State-tracking trainer, configs and sweep (ddlm_jax.training.classification).
+"""State-tracking trainer, configs and sweep (ddlm_jax.tasks.state_tracking).
 
 Smoke runs are tiny (1 block, width 16, a few steps, cheap XLA compilation)
 so every model trains through ``train_state_tracking`` within the budget.
@@ -16,7 +16,8 @@ from flax import nnx
 from ddlm_jax.data import state_tracking as st
 from ddlm_jax.models import sequence_classifier as sc
 from ddlm_jax.models import ssm, transformer
-from ddlm_jax.training import classification, metrics
+from ddlm_jax.tasks import state_tracking as st_task
+from ddlm_jax.training import metrics
 from experiments import sweep_state_tracking as sweep
 from experiments.configs import state_tracking as cfgs
 
@@ -42,7 +43,7 @@ _MODEL_TASKS = [
 @pytest.mark.parametrize('model,task', _MODEL_TASKS)
 def test_smoke_training_each_model(model, task, tmp_path):
   c = _smoke(model, task, checkpoint_every=100)
-  summary = classification.train_state_tracking(c, str(tmp_path))
+  summary = st_task.train_state_tracking(c, str(tmp_path))
   assert summary['finished'] and summary['status'] == 'ok', summary
   assert summary['steps'] == c.train.num_steps
   # Accuracy is a count over the test set.
@@ -76,7 +77,7 @@ def test_smoke_training_each_model(model, task, tmp_path):
 def test_accuracy_by_length_buckets():
   hit = np.array([1, 0, 1, 1, 0, 0], np.float32)
   lengths = np.array([40, 41, 45, 50, 55, 59])
-  rows = classification.accuracy_by_length(hit, lengths, num_buckets=2)
+  rows = st_task.accuracy_by_length(hit, lengths, num_buckets=2)
   # Edges round(linspace(40, 60, 3)) = 40, 50, 60: [40, 49] and [50, 59].
   assert rows == [
     {'lengths': [40, 49], 'accuracy': pytest.approx(2 / 3), 'n': 3},
@@ -98,12 +99,12 @@ def _resume_config():
 @pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path):
   c = _resume_config()
-  full = classification.train_state_tracking(c, str(tmp_path / 'full'))
+  full = st_task.train_state_tracking(c, str(tmp_path / 'full'))
   c.train.halt_after_steps = 3
-  part = classification.train_state_tracking(c, str(tmp_path / 'part'))
+  part = st_task.train_state_tracking(c, str(tmp_path / 'part'))
   assert not part['finished'] and part['steps'] == 3
   assert 'test_accuracy' not in part
-  resumed = classification.train_state_tracking(c, str(tmp_path / 'part'))
+  resumed = st_task.train_state_tracking(c, str(tmp_path / 'part'))
   assert resumed['finished'] and resumed['steps'] == 6
   for key in ('test_accuracy', 'test_accuracy_final', 'best_val_accuracy'):
     assert resumed[key] == full[key], key
@@ -121,12 +122,12 @@ def test_resume_equals_uninterrupted(tmp_path):
 def test_early_stop_is_final_and_tested(tmp_path):
   c = _resume_config()
   c.train.early_stop_accuracy = 1e-9  # Any validation score reaches it.
-  summary = classification.train_state_tracking(c, str(tmp_path))
+  summary = st_task.train_state_tracking(c, str(tmp_path))
   assert summary['steps'] == c.train.eval_every == 3
   assert summary['early_stop_step'] == 3 and summary['finished']
   assert 'test_accuracy' in summary
   # Starting the run again trains no further.
-  again = classification.train_state_tracking(c, str(tmp_path))
+  again = st_task.train_state_tracking(c, str(tmp_path))
   assert again['steps'] == 3 and again['early_stop_step'] == 3
   assert again['test_accuracy'] == summary['test_accuracy']
 
@@ -136,7 +137,7 @@ def test_nan_guard_stops_and_names_the_step(tmp_path, monkeypatch):
   # Same config as the resume test (its compiled programs are reused); the
   # third batch holds out-of-range token ids, whose embeddings are NaN.
   c = _resume_config()
-  stream = classification._train_stream
+  stream = st_task._train_stream
 
   def poisoned(config, seed):
     for i, batch in enumerate(stream(config, seed)):
@@ -144,8 +145,8 @@ def test_nan_guard_stops_and_names_the_step(tmp_path, monkeypatch):
         batch = {**batch, 'tokens': np.full_like(batch['tokens'], 99)}
       yield batch
 
-  monkeypatch.setattr(classification, '_train_stream', poisoned)
-  summary = classification.train_state_tracking(c, str(tmp_path))
+  monkeypatch.setattr(st_task, '_train_stream', poisoned)
+  summary = st_task.train_state_tracking(c, str(tmp_path))
   assert summary['status'] == 'nan' and not summary['finished']
   assert summary['bad_step'] == 3 and summary['steps'] == 3
   assert np.isfinite(summary['test_loss'])  # The state kept finite params.
@@ -176,7 +177,7 @@ def test_every_config_builds_and_matches_the_registries():
     for model in cfgs.MODELS:
       for task in cfgs.TASKS:
         c = cfgs.get_config(f'{model},{task},{preset}')
-        ccfg = classification.classifier_config(c)
+        ccfg = st_task.classifier_config(c)
         assert ccfg.mixer == model
         # h_0 reaches the SSM mixers: e_0 unless the recorded cpu table's
         # preset, and never passed to mixers that have no such option.
@@ -199,11 +200,11 @@ def test_trainer_rejects_bad_config(tmp_path):
   c = _smoke('pdssm', 'parity')
   c.model.mixer = 'gru'
   with pytest.raises(ValueError, match='config.model.mixer'):
-    classification.train_state_tracking(c, str(tmp_path))
+    st_task.train_state_tracking(c, str(tmp_path))
   c = _smoke('pdssm', 'parity')
   c.task.num_train = 4
   with pytest.raises(ValueError, match='num_train'):
-    classification.train_state_tracking(c, str(tmp_path))
+    st_task.train_state_tracking(c, str(tmp_path))
 
 
 def test_transformer_mixer_registers_and_runs():
@@ -219,7 +220,7 @@ def test_transformer_mixer_registers_and_runs():
   tokens = jnp.array([[1, 2, 3, 4, 0, 0], [4, 3, 2, 1, 2, 3]], jnp.int32)
   lengths = jnp.array([4, 6])
   apply = jax.jit(
-    lambda m, t, n: m(t, n), compiler_options=classification.FAST_COMPILE
+    lambda m, t, n: m(t, n), compiler_options=st_task.FAST_COMPILE
   )
   logits = apply(model, tokens, lengths)
   assert logits.shape == (2, 3) and np.isfinite(np.asarray(logits)).all()
@@ -289,7 +290,7 @@ def test_sweep_skips_finished_runs(tmp_path, monkeypatch):
   def fail(*args):
     raise AssertionError('a finished run was trained again')
 
-  monkeypatch.setattr(classification, 'train_state_tracking', fail)
+  monkeypatch.setattr(st_task, 'train_state_tracking', fail)
   res = sweep.sweep(out, ['pdssm', 'lstm'], ['parity'], [0], 'smoke')
   assert [r['mean'] for r in res['runs']] == [1.0, 1.0]
   with pytest.raises(ValueError, match='unknown model'):

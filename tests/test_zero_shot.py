@@ -15,8 +15,8 @@ from ddlm_jax.data import detokenizers, pretrained
 from ddlm_jax.data import zero_shot as zs_data
 from ddlm_jax.evaluation import zero_shot
 from ddlm_jax.evaluation.likelihood import evaluate_likelihood
+from ddlm_jax.tasks import language_model as run_lib
 from ddlm_jax.training import loop
-from ddlm_jax.training import run as run_lib
 from experiments.configs import mdlm_owt
 from experiments.configs.common import FIXTURES
 

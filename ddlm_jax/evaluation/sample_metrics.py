@@ -149,7 +149,7 @@ class ARScorer:
 
   @classmethod
   def from_run(cls, run, batch_size: int = 16) -> ARScorer:
-    """The scorer of a restored AR run (ddlm_jax.training.run.load_run)."""
+    """The scorer of a restored AR run (tasks.language_model.load_run)."""
     return cls.from_params(
       run.graphdef,
       run.eval_params(),

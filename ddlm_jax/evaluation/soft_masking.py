@@ -21,7 +21,7 @@ def lambda_profile(
   """{'by_t': {t: {'mean_lambda', 'max_lambda'}}, 'w_s', 'w_a', 'w_b'}.
 
   Args:
-    run: a restored soft-masked run (ddlm_jax.training.run.load_run).
+    run: a restored soft-masked run (ddlm_jax.tasks.language_model.load_run).
   """
   process, graphdef = run.process, run.graphdef
   params = run.eval_params()

@@ -16,7 +16,7 @@ A converted directory is a run directory at step 0:
 - `imported.json`: what it was converted from.
 
 So `--mode=eval|sample` (with `--config=experiments/configs/imported.py:DIR`),
-`train.init_from=DIR` and `training.run.load_run(DIR)` load it like any
+`train.init_from=DIR` and `tasks.language_model.load_run(DIR)` load it like any
 run. `convert_hf` streams the safetensors onto the mesh (`load_params`)
 and saves; `load` restores the parameters alone onto any mesh; `export_hf`
 writes transformers safetensors, config.json and the tokenizer files back.

@@ -6,8 +6,9 @@ tasks: the train state, the optimizer, EMA, gradient accumulation, the mesh
 and shardings, checkpoints with the data-iterator state, the non-finite
 policy, SIGTERM / SIGINT, halt and early stop, progress lines, and the
 records (metrics.jsonl, summary.json, config.json). Language modelling with
-any process (`training.loop`), state tracking (`training.classification`)
-and every planner/executor stage (`planning.trainer`) run through it.
+any process (`tasks.language_model`), state tracking
+(`tasks.state_tracking`) and every planner/executor stage (`tasks.planner`)
+run through it.
 """
 
 from __future__ import annotations

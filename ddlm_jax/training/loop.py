@@ -17,11 +17,11 @@ import jax
 
 from ddlm_jax.data import zero_shot as zs_data
 from ddlm_jax.evaluation import zero_shot
+from ddlm_jax.tasks.language_model import Run, load_run
 from ddlm_jax.training import fit, plots
 from ddlm_jax.training.checkpoint import has_checkpoint, no_checkpoint
 from ddlm_jax.training.fit import TrainingDivergedError
 from ddlm_jax.training.metrics import write_json
-from ddlm_jax.training.run import Run, load_run
 from ddlm_jax.training.workdir_lock import WorkdirLock
 
 

@@ -641,9 +641,9 @@ PAPER_PARAMS = {'openwebtext': 169_000_000}
 
 def spec_from_config(config, mesh) -> LMSpec:
   """An LMSpec of an LM ConfigDict on `mesh` (nothing read from disk)."""
+  from ddlm_jax.tasks.language_model import lm_trainer_config
   from ddlm_jax.training import builders
   from ddlm_jax.training.optimizer import optimizer_from_config
-  from ddlm_jax.training.run import lm_trainer_config
 
   soft_mask = config.get('soft_mask')
   settings = builders.process_settings(config.process)
@@ -734,10 +734,10 @@ def plan_config(config, devices: int | None = None, sections=None) -> dict:
   if kind == 'planner_executor':
     return plan_roles(config, mesh)
   if kind == 'state_tracking':
-    from ddlm_jax.training import classification
+    from ddlm_jax.tasks import state_tracking
 
-    task = classification.state_tracking_task(config)
-    return plan_task(task, classification.trainer_config(config), mesh)
+    task = state_tracking.state_tracking_task(config)
+    return plan_task(task, state_tracking.trainer_config(config), mesh)
   for name, batch in (
     ('train.batch_size', config.train.batch_size),
     ('eval.batch_size', config.eval.batch_size),
@@ -760,7 +760,7 @@ def plan_roles(config, mesh) -> dict:
   is trained on the trained planner's hidden states, so it is not
   planned."""
   from ddlm_jax.planning import models as pm
-  from ddlm_jax.planning import trainer as pt
+  from ddlm_jax.tasks import planner as pt
   from ddlm_jax.training.fit import Task
 
   cfgs = pt.model_configs(config)

@@ -65,7 +65,7 @@ def random_model(args):
 
 
 def load_model(workdir):
-  from ddlm_jax.training.run import load_run
+  from ddlm_jax.tasks.language_model import load_run
 
   run = load_run(workdir)
   return run.graphdef, run.eval_params(), run.process

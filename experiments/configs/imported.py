@@ -20,7 +20,7 @@ from experiments.configs import common
 
 def get_config(arg: str = ''):
   if arg and os.path.isdir(arg):
-    from ddlm_jax.training.run import load_config
+    from ddlm_jax.tasks.language_model import load_config
 
     return load_config(arg)
   c = common.mdlm()
