@@ -8,10 +8,10 @@ import os
 
 import ml_collections
 
-from ddlm_jax.tasks import state_tracking
+from ddlm_jax.tasks import language_model, state_tracking
 from ddlm_jax.tasks.language_model import load_config
 from ddlm_jax.tasks.planner import run_planner_executor
-from ddlm_jax.training import loop, plan
+from ddlm_jax.training import plan
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.faults import read_json
 
@@ -90,9 +90,9 @@ def run(
   if kind == 'planner_executor':
     return run_planner_executor(config, workdir, mode=mode)
   if mode == 'eval':
-    return loop.evaluate_checkpoint(config, workdir, split)
+    return language_model.evaluate_checkpoint(config, workdir, split)
   if mode == 'sample':
-    return loop.sample_checkpoint(config, workdir)
-  return loop.train_and_evaluate(
+    return language_model.sample_checkpoint(config, workdir)
+  return language_model.train_and_evaluate(
     config, workdir, allow_fresh_start=allow_fresh_start
   )

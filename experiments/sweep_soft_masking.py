@@ -55,7 +55,7 @@ def _finished(summary: dict | None) -> bool:
 
 
 def _train(config, workdir) -> dict:
-  from ddlm_jax.training.loop import train_and_evaluate
+  from ddlm_jax.tasks.language_model import train_and_evaluate
 
   return train_and_evaluate(config, workdir)
 

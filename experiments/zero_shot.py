@@ -16,7 +16,7 @@ from absl import app, flags, logging
 from ddlm_jax.data.zero_shot import SUITE, ZERO_SHOT_DATASETS
 from ddlm_jax.evaluation import zero_shot
 from ddlm_jax.parallel import initialize_distributed
-from ddlm_jax.training import loop
+from ddlm_jax.tasks import language_model as lm
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory.')
 _DATASETS = flags.DEFINE_list(
@@ -47,7 +47,7 @@ def main(argv):
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   initialize_distributed()
-  results = loop.evaluate_zero_shot(
+  results = lm.evaluate_zero_shot(
     _WORKDIR.value,
     _DATASETS.value,
     mesh_shape=tuple(int(x) for x in _MESH.value) or None,

@@ -95,11 +95,11 @@ def smoke_mdlm_run(tmp_path_factory):
   trained masked run (tests that change files copy it first), so the suite
   does not train the same smoke model once per file.
   """
-  from ddlm_jax.training import loop
+  from ddlm_jax.tasks import language_model as lm
   from experiments.configs import quickstart
 
   config = quickstart.get_config('smoke')
   config.sample.num_samples = 0
   config.mesh.shape = (1, 1, 1)
   workdir = str(tmp_path_factory.mktemp('smoke_mdlm'))
-  return workdir, loop.train_and_evaluate(config, workdir)
+  return workdir, lm.train_and_evaluate(config, workdir)

@@ -14,8 +14,8 @@ import pytest
 
 import ddlm_jax
 from ddlm_jax.evaluation.likelihood import evaluate_likelihood
+from ddlm_jax.tasks import language_model as lm
 from ddlm_jax.tasks.language_model import load_run
-from ddlm_jax.training import loop
 from ddlm_jax.training.config import ConfigError
 from experiments.configs import ar_quickstart
 
@@ -122,7 +122,7 @@ def test_ar_score_is_the_exact_nll_of_the_eval_path(tmp_path):
   c = ar_quickstart.get_config('smoke')
   c.mesh.shape = (1, 1, 1)
   c.sample.num_samples = 0
-  loop.train_and_evaluate(c, str(tmp_path))
+  lm.train_and_evaluate(c, str(tmp_path))
   model = ddlm_jax.load(str(tmp_path))
   text = 'First Citizen: Before we proceed any further, hear me.'
   row = model.tokenizer.encode(text)[: model.seq_len]

@@ -1,6 +1,6 @@
 """Nonsense is refused before compute, with the key, and nothing written.
 
-Each case goes through `loop.train_and_evaluate` on the quickstart smoke
+Each case goes through `lm.train_and_evaluate` on the quickstart smoke
 config; the error must come before any training, data or file (the
 workdir is left empty: the lock file goes with the lock).
 """
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ddlm_jax.training import loop
+from ddlm_jax.tasks import language_model as lm
 from ddlm_jax.training.config import ConfigError
 from experiments.configs import ar_quickstart, quickstart
 from experiments.configs.common import override
@@ -142,13 +142,13 @@ def _config(**overrides):
 def test_refused_before_anything_runs(tmp_path, overrides, match):
   workdir = tmp_path / 'run'
   with pytest.raises(ValueError, match=match):
-    loop.train_and_evaluate(_config(**overrides), str(workdir))
+    lm.train_and_evaluate(_config(**overrides), str(workdir))
   assert not workdir.exists() or os.listdir(workdir) == []
 
 
 def test_config_errors_are_value_errors_with_one_line():
   with pytest.raises(ConfigError) as err:
-    loop.train_and_evaluate(_config(**{'train.num_steps': 0}), '/nonexistent')
+    lm.train_and_evaluate(_config(**{'train.num_steps': 0}), '/nonexistent')
   assert '\n' not in str(err.value)
 
 
@@ -157,5 +157,5 @@ def test_ar_run_refuses_a_diffusion_sampler_spec(tmp_path):
   c.mesh.shape = (1, 1, 1)
   c.sample.sampler = 'eb:gamma=0.5'
   with pytest.raises(ValueError, match='AR run samples left to right'):
-    loop.train_and_evaluate(c, str(tmp_path / 'ar'))
+    lm.train_and_evaluate(c, str(tmp_path / 'ar'))
   assert not (tmp_path / 'ar' / 'config.json').exists()

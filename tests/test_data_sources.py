@@ -23,7 +23,8 @@ from ddlm_jax.data import (
   tokenizers,
 )
 from ddlm_jax.data import text8 as text8_lib
-from ddlm_jax.training import builders, loop
+from ddlm_jax.tasks import language_model as lm
+from ddlm_jax.training import builders
 from experiments.configs.common import FIXTURES
 
 PAPER_CONFIGS = (
@@ -475,7 +476,7 @@ def test_md4_text8_smoke_trains_end_to_end(tmp_path):
   c = _config('md4_text8')
   c.mesh.shape = (1, 1, 1)
   c.sample.num_samples = 0
-  summary = loop.train_and_evaluate(c, str(tmp_path))
+  summary = lm.train_and_evaluate(c, str(tmp_path))
   assert summary['steps'] == c.train.num_steps
   bpc = summary['validation']['bits_per_token']
   # Trained a few steps from ~log2(27) = 4.75: finite and a sane bound.
@@ -505,7 +506,7 @@ def test_paper_smoke_presets_train_end_to_end(name, preset, tmp_path):
   c = _config(name, preset, cache_dir=str(tmp_path / 'cache'))
   c.mesh.shape = (1, 1, 1)
   c.sample.num_samples = 0
-  summary = loop.train_and_evaluate(c, str(tmp_path / 'run'))
+  summary = lm.train_and_evaluate(c, str(tmp_path / 'run'))
   assert summary['steps'] == c.train.num_steps
   assert np.isfinite(summary['validation']['nats_per_token'])
   assert summary['validation']['num_tokens'] > 0

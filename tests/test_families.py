@@ -13,8 +13,9 @@ import os
 import numpy as np
 import pytest
 
+from ddlm_jax.tasks import language_model as lm
 from ddlm_jax.tasks.language_model import load_run
-from ddlm_jax.training import builders, loop
+from ddlm_jax.training import builders
 from experiments.configs import bd3_quickstart, duo_quickstart, mdlm_ce
 from experiments.configs.common import override
 
@@ -38,7 +39,7 @@ def test_duo_curriculum_trains_then_switches_evaluates_and_samples(tmp_path):
   on the checkpoint with the uniform sampler."""
   workdir = str(tmp_path / 'duo')
   c = _config(duo_quickstart, 'curriculum,smoke', **{'train.log_every': 1})
-  summary = loop.train_and_evaluate(c, workdir)
+  summary = lm.train_and_evaluate(c, workdir)
   assert summary['process'] == 'duo' and summary['finished']
   phases = {r['step']: r['duo_curriculum'] for r in _train_records(workdir)}
   steps = c.train.num_steps
@@ -48,7 +49,7 @@ def test_duo_curriculum_trains_then_switches_evaluates_and_samples(tmp_path):
   assert np.isfinite(summary['validation']['nats_per_token'])
   assert summary['samples']['sampler'] == 'uniform_ancestral'
   assert summary['samples']['nfe'] == c.sample.steps
-  again = loop.evaluate_checkpoint(c, workdir)
+  again = lm.evaluate_checkpoint(c, workdir)
   assert again['step'] == steps
   np.testing.assert_allclose(
     again['nats_per_token'],
@@ -71,7 +72,7 @@ def test_duo_curriculum_trains_then_switches_evaluates_and_samples(tmp_path):
 )
 def test_family_configs_train_and_sample(tmp_path, module, arg, kind):
   c = _config(module, arg)
-  summary = loop.train_and_evaluate(c, str(tmp_path / 'run'))
+  summary = lm.train_and_evaluate(c, str(tmp_path / 'run'))
   assert summary['process'] == kind and summary['finished']
   assert np.isfinite(summary['validation']['nats_per_token'])
   assert summary['samples']['num_samples'] == c.sample.num_samples
@@ -91,12 +92,12 @@ def test_bd3_fine_tunes_from_an_mdlm_run_and_samples_with_the_kv_cache(
     '8,smoke',
     **{'train.init_from': mdlm_dir, 'process.clip_low': 0.3},
   )
-  summary = loop.train_and_evaluate(c, workdir)
+  summary = lm.train_and_evaluate(c, workdir)
   assert summary['process'] == 'bd3' and summary['finished']
   run = load_run(workdir)
   assert run.process.clip == (0.3, 1.0)
   assert run.process.evaluation_process.clip == (0.0, 1.0)
-  stats = loop.sample_checkpoint(c, workdir)
+  stats = lm.sample_checkpoint(c, workdir)
   assert stats['sampler'] == 'block'
   assert stats['sampler_params']['use_kv_cache']
   # Blocks of 8 over 32 positions: 4 blocks, each at least one call.

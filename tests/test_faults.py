@@ -21,9 +21,10 @@ import pytest
 
 from ddlm_jax.data.tokenizers import CharTokenizer, load_tokenizer
 from ddlm_jax.sampling.autoregressive import autoregressive_sample
+from ddlm_jax.tasks import language_model as lm
 from ddlm_jax.tasks.language_model import check_prompt, load_config
 from ddlm_jax.training import config as config_lib
-from ddlm_jax.training import faults, fit, loop
+from ddlm_jax.training import faults, fit
 from ddlm_jax.training.checkpoint import (
   Checkpointer,
   CheckpointSaveError,
@@ -224,7 +225,7 @@ def test_unwritable_workdirs_are_one_line(tmp_path, monkeypatch):
   c.mesh.shape = (1, 1, 1)
   for workdir in (afile, afile / 'sub'):
     with pytest.raises(OSError) as err:
-      loop.train_and_evaluate(c, str(workdir))
+      lm.train_and_evaluate(c, str(workdir))
     code, line = faults.explain(err.value)
     assert code == faults.WRITE_FAILED and str(workdir) in line
   assert afile.read_text() == 'x'
@@ -237,7 +238,7 @@ def test_unwritable_workdirs_are_one_line(tmp_path, monkeypatch):
 
   monkeypatch.setattr(os, 'open', read_only)
   with pytest.raises(OSError) as err:
-    loop.train_and_evaluate(c, str(tmp_path / 'ro'))
+    lm.train_and_evaluate(c, str(tmp_path / 'ro'))
   code, line = faults.explain(err.value)
   assert code == faults.WRITE_FAILED and 'read-only' in line
 
@@ -290,7 +291,7 @@ def test_state_tracking_eval_on_an_empty_workdir_writes_nothing(tmp_path):
 def test_sample_settings_refused_before_training(tmp_path, overrides, match):
   workdir = tmp_path / 'run'
   with pytest.raises(ConfigError, match=match):
-    loop.train_and_evaluate(_smoke(**overrides), str(workdir))
+    lm.train_and_evaluate(_smoke(**overrides), str(workdir))
   assert not (workdir / 'checkpoints').exists()
   assert not (workdir / 'metrics.jsonl').exists()
 
@@ -353,7 +354,7 @@ def test_every_sampler_with_a_prompt_starts_with_it(tmp_path, family):
   c.train.num_steps = 2
   c.sample.prefix = 'the '
   c.sample.num_samples = 2
-  loop.train_and_evaluate(c, str(tmp_path))
+  lm.train_and_evaluate(c, str(tmp_path))
   text = (tmp_path / 'samples.txt').read_text()
   samples = [s.split('\n', 1)[1] for s in text.split('=== sample ')[1:]]
   assert len(samples) == 2 and all(s.startswith('the ') for s in samples)
@@ -373,7 +374,7 @@ def test_corrupt_config_and_tokenizer_files_are_named(tmp_path):
   CharTokenizer('abc').save(run / 'tokenizer')
   c = _smoke(**{'train.init_from': str(run)})
   with pytest.raises(faults.CorruptFileError, match='config.json'):
-    loop.train_and_evaluate(c, str(tmp_path / 'warm'))
+    lm.train_and_evaluate(c, str(tmp_path / 'warm'))
   assert not (tmp_path / 'warm').exists() or os.listdir(tmp_path / 'warm') == []
   tok_dir = tmp_path / 'tok'
   CharTokenizer('abc').save(tok_dir)

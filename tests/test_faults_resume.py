@@ -17,9 +17,9 @@ import jax
 import numpy as np
 import pytest
 
+from ddlm_jax.tasks import language_model as lm
 from ddlm_jax.tasks import state_tracking as st_task
 from ddlm_jax.tasks.language_model import load_run
-from ddlm_jax.training import loop
 from experiments.configs import (
   ar_quickstart,
   bd3_quickstart,
@@ -102,12 +102,10 @@ LM_CASES = {
 def test_lm_resume_reproduces_state_and_metrics(tmp_path, case):
   config = LM_CASES[case]
   full, part = str(tmp_path / 'full'), str(tmp_path / 'part')
-  loop.train_and_evaluate(config(), full)
-  halted = loop.train_and_evaluate(
-    config(**{'train.halt_after_steps': 3}), part
-  )
+  lm.train_and_evaluate(config(), full)
+  halted = lm.train_and_evaluate(config(**{'train.halt_after_steps': 3}), part)
   assert halted['steps'] == 3
-  resumed = loop.train_and_evaluate(config(), part)
+  resumed = lm.train_and_evaluate(config(), part)
   assert resumed['start_step'] == 3 and resumed['finished']
   _same_records(_records(part), _records(full))
   got, ref = load_run(part), load_run(full)

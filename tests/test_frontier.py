@@ -152,14 +152,14 @@ def test_frontier_smoke_run_writes_table_plot_and_meter(
 def test_frontier_with_an_ar_scorer_matches_entropy_and_integrates(
   smoke_mdlm_run, tmp_path
 ):
-  from ddlm_jax.training import loop
+  from ddlm_jax.tasks import language_model as lm
   from experiments.configs import ar_quickstart
 
   ar = ar_quickstart.get_config('smoke')
   ar.sample.num_samples = 0
   ar.mesh.shape = (1, 1, 1)
   scorer = str(tmp_path / 'ar')
-  loop.train_and_evaluate(ar, scorer)
+  lm.train_and_evaluate(ar, scorer)
   workdir, _ = smoke_mdlm_run
   opts = frontier.Options(
     scorer=scorer, samplers='threshold', temperatures=(0.5, 1.0), points=2,

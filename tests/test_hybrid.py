@@ -103,7 +103,7 @@ def test_config_helpers_and_errors():
 @pytest.mark.slow
 def test_hybrid_backbone_trains_end_to_end_on_the_quickstart_corpus(tmp_path):
   """The LM trainer builds, trains, evaluates and samples a hybrid denoiser."""
-  from ddlm_jax.training import loop
+  from ddlm_jax.tasks import language_model as lm
   from experiments.configs import quickstart
   from experiments.configs.common import override
 
@@ -126,7 +126,7 @@ def test_hybrid_backbone_trains_end_to_end_on_the_quickstart_corpus(tmp_path):
       'train.num_steps': 3,
     },
   )
-  summary = loop.train_and_evaluate(c, str(tmp_path))
+  summary = lm.train_and_evaluate(c, str(tmp_path))
   assert summary['steps'] == c.train.num_steps
   assert np.isfinite(summary['validation']['bits_per_token'])
   text = (tmp_path / 'samples.txt').read_text()

@@ -110,14 +110,14 @@ def test_wandb_logs_offline_into_the_workdir(tmp_path, monkeypatch):
 
 def test_a_training_run_logs_to_tensorboard(tmp_path):
   pytest.importorskip('tensorboardX', reason='the tensorboard extra')
-  from ddlm_jax.training import loop
+  from ddlm_jax.tasks import language_model as lm
   from experiments.configs import quickstart
 
   c = quickstart.get_config('smoke')
   c.sample.num_samples = 0
   c.mesh.shape = (1, 1, 1)
   c.log.backends = 'jsonl,tensorboard'
-  loop.train_and_evaluate(c, str(tmp_path))
+  lm.train_and_evaluate(c, str(tmp_path))
   got = _tb_scalars(str(tmp_path / 'tensorboard'))
   records = read_metrics(str(tmp_path))
   for r in records:

@@ -6,8 +6,9 @@ import types
 
 import pytest
 
+from ddlm_jax.tasks import language_model as lm
 from ddlm_jax.tasks.language_model import load_config
-from ddlm_jax.training import loop, metrics, progress
+from ddlm_jax.training import metrics, progress
 
 
 def test_rate_and_eta_exclude_compilation(monkeypatch, capsys):
@@ -68,7 +69,7 @@ def test_sample_summary_shows_the_first_samples(smoke_mdlm_run, tmp_path):
   config = load_config(
     str(workdir), {'sample.num_samples': 3, 'sample.steps': 4}
   )
-  result = loop.sample_checkpoint(config, str(workdir))
+  result = lm.sample_checkpoint(config, str(workdir))
   text = progress.mode_summary(result, 'sample', str(workdir))
   lines = text.splitlines()
   assert lines[:2] == ['--- sample done ---', 'sampled step 6']

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from ddlm_jax.evaluation import sample_run
+from ddlm_jax.tasks import language_model as lm
 from ddlm_jax.tasks.language_model import load_config
-from ddlm_jax.training import loop
 from ddlm_jax.training.config import ConfigError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -55,15 +55,15 @@ def test_sample_mode_twice_keeps_the_first_samples(run_copy):
   config = load_config(
     str(run_copy), {'sample.num_samples': 2, 'sample.steps': 4}
   )
-  loop.sample_checkpoint(config, str(run_copy))
+  lm.sample_checkpoint(config, str(run_copy))
   first = (run_copy / 'samples.txt').read_text()
   config.sample.seed = 1
-  loop.sample_checkpoint(config, str(run_copy))
+  lm.sample_checkpoint(config, str(run_copy))
   assert (run_copy / 'samples.txt').read_text() == first
   assert (run_copy / 'samples_2.txt').read_text().count('=== sample') == 2
   assert json.loads((run_copy / 'sample_stats_2.json').read_text())['step']
   sample_run.name_samples(config, str(run_copy), 'seed1')
-  loop.sample_checkpoint(config, str(run_copy))
+  lm.sample_checkpoint(config, str(run_copy))
   assert (run_copy / 'samples_seed1.txt').exists()
 
 

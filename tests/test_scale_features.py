@@ -14,7 +14,7 @@ from ddlm_jax.diffusion import Autoregressive, MaskedDiffusion, get_schedule
 from ddlm_jax.evaluation import summarize_nll
 from ddlm_jax.models import Transformer, TransformerConfig
 from ddlm_jax.parallel import make_mesh
-from ddlm_jax.training import loop
+from ddlm_jax.tasks import language_model as lm
 from ddlm_jax.training.checkpoint import Checkpointer
 from ddlm_jax.training.steps import _grads, loss_fn
 from experiments.configs import quickstart
@@ -113,14 +113,14 @@ def test_checkpoint_saved_on_one_mesh_restores_on_another(tmp_path):
   c.sample.num_samples = 0
   c.mesh.shape = (1, 1, 1)
   workdir = str(tmp_path)
-  single = loop.Run(c, workdir)
+  single = lm.Run(c, workdir)
   writer = Checkpointer(os.path.join(workdir, 'checkpoints'))
   writer.save(3, single.state, {'next_index': 24})
   writer.wait()
   c8 = quickstart.get_config('smoke')
   c8.mesh.shape = (2, 2, 2)
   c8.train.batch_size = 8
-  sharded = loop.Run(c8, workdir)
+  sharded = lm.Run(c8, workdir)
   assert sharded.restore() == 3
   kernel = sharded.state.params['blocks'][0]['mlp']['up']['kernel']
   assert len(kernel.sharding.device_set) == 8

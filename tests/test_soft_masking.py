@@ -20,7 +20,8 @@ from ddlm_jax.models.soft_masking import (
   soft_mask_embeddings,
 )
 from ddlm_jax.sampling.registry import get_sampler
-from ddlm_jax.training import loop, warm_start
+from ddlm_jax.tasks import language_model as lm
+from ddlm_jax.training import warm_start
 from ddlm_jax.training.optimizer import make_optimizer
 from experiments.configs import sm_continue
 from experiments.configs.common import override
@@ -277,7 +278,7 @@ def test_continued_pretraining_runs_logs_and_resumes(smoke_mdlm_run, tmp_path):
   # w_b = -5 puts lambda in its sensitive range at the smoke model's high
   # entropies (with the paper's -0.75 its gradient is ~1e-10 there).
   sm = {'soft_mask.w_b_init': -5.0}
-  summary = loop.train_and_evaluate(
+  summary = lm.train_and_evaluate(
     _sm_config(base_run, **sm, **{'sample.num_samples': 2}), full
   )
   assert np.isfinite(summary['validation']['bits_per_token'])
@@ -292,11 +293,11 @@ def test_continued_pretraining_runs_logs_and_resumes(smoke_mdlm_run, tmp_path):
   assert jax.tree.structure(params['net']) == jax.tree.structure(base)
   # Halted after 3 steps and resumed: the same parameters as uninterrupted.
   part = str(tmp_path / 'part')
-  halted = loop.train_and_evaluate(
+  halted = lm.train_and_evaluate(
     _sm_config(base_run, **sm, **{'train.halt_after_steps': 3}), part
   )
   assert halted['steps'] == 3
-  loop.train_and_evaluate(_sm_config(base_run, **sm), part)
+  lm.train_and_evaluate(_sm_config(base_run, **sm), part)
   jax.tree.map(
     lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
     _final_params(part),

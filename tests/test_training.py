@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from ddlm_jax.diffusion.masked import MaskedDiffusion
-from ddlm_jax.training import builders, loop
+from ddlm_jax.tasks import language_model as lm
+from ddlm_jax.training import builders
 from ddlm_jax.training.checkpoint import (
   Checkpointer,
   IncompatibleCheckpointError,
@@ -57,11 +58,11 @@ def test_run_writes_its_record(full_run):
 def test_resume_equals_uninterrupted(full_run, tmp_path):
   ref_dir, _ = full_run
   workdir = str(tmp_path)
-  halted = loop.train_and_evaluate(
+  halted = lm.train_and_evaluate(
     _config(**{'train.halt_after_steps': 3}), workdir
   )
   assert halted['steps'] == 3 and 'validation' not in halted
-  loop.train_and_evaluate(_config(), workdir)
+  lm.train_and_evaluate(_config(), workdir)
   ref = _records(ref_dir, 'train')
   got = _records(workdir, 'train')
   assert [r['step'] for r in got] == [2, 3, 4, 6]  # 3 = the halt's log.
@@ -84,7 +85,7 @@ def test_loss_decreases_when_training_longer(tmp_path):
   c = _config(**{'train.num_steps': 40, 'train.log_every': 5,
                  'train.eval_every': 0, 'train.checkpoint_every': 0,
                  'optim.learning_rate': 3e-3})  # fmt: skip
-  loop.train_and_evaluate(c, str(tmp_path))
+  lm.train_and_evaluate(c, str(tmp_path))
   losses = [r['nelbo_per_token'] for r in _records(str(tmp_path), 'train')]
   assert np.mean(losses[-2:]) < 0.8 * np.mean(losses[:2]), losses
 
@@ -94,7 +95,7 @@ def test_incompatible_checkpoint_is_refused_untouched(full_run):
   ckpt = os.path.join(workdir, 'checkpoints')
   before = sorted(os.listdir(ckpt))
   with pytest.raises(IncompatibleCheckpointError, match='width|shapes'):
-    loop.evaluate_checkpoint(_config(**{'model.width': 48}), workdir)
+    lm.evaluate_checkpoint(_config(**{'model.width': 48}), workdir)
   assert sorted(os.listdir(ckpt)) == before
 
 
@@ -110,7 +111,7 @@ def test_corrupt_latest_checkpoint_falls_back(full_run, tmp_path, caplog):
   for f in (ckpt / '6' / 'state').rglob('*'):
     if f.is_file() and f.stat().st_size > 0:
       f.write_bytes(b'garbage')
-  result = loop.evaluate_checkpoint(_config(), workdir)
+  result = lm.evaluate_checkpoint(_config(), workdir)
   assert result['step'] == steps[-2]
   # A reader (eval) moves nothing; only a training run sets it aside.
   assert (ckpt / '6').exists() and not (ckpt / '6.corrupt').exists()
@@ -162,8 +163,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
   )
   monkeypatch.setattr(builders, 'train_batches', poisoned)
   workdir = str(tmp_path)
-  with pytest.raises(loop.TrainingDivergedError, match='step 5'):
-    loop.train_and_evaluate(_config(), workdir)
+  with pytest.raises(lm.TrainingDivergedError, match='step 5'):
+    lm.train_and_evaluate(_config(), workdir)
   ck = Checkpointer(os.path.join(workdir, 'checkpoints'))
   assert ck.all_steps() == [3]
   ck.close()
@@ -186,7 +187,7 @@ def test_out_of_range_token_ids_are_a_clear_error(tmp_path, monkeypatch):
 
   monkeypatch.setattr(builders, 'train_batches', bad)
   with pytest.raises(ValueError, match='token id 10000'):
-    loop.train_and_evaluate(_config(), str(tmp_path))
+    lm.train_and_evaluate(_config(), str(tmp_path))
 
 
 @pytest.mark.slow
@@ -195,7 +196,7 @@ def test_ar_twin_trains_with_exact_nll(tmp_path):
   c.mesh.shape = (1, 1, 1)
   c.sample.num_samples = 2
   c.sample.steps = 4
-  summary = loop.train_and_evaluate(c, str(tmp_path))
+  summary = lm.train_and_evaluate(c, str(tmp_path))
   assert summary['process'] == 'ar'
   assert summary['samples']['nfe'] == c.data.seq_len
   text = (tmp_path / 'samples.txt').read_text()
@@ -242,13 +243,13 @@ def test_seq_len_longer_than_split_is_a_clear_error(tmp_path):
   c = _config(**{'data.corpus': 'text_files', 'data.files.train': str(train),
                  'data.files.validation': str(val)})  # fmt: skip
   with pytest.raises(ValueError, match='seq_len'):
-    loop.train_and_evaluate(c, str(tmp_path / 'run'))
+    lm.train_and_evaluate(c, str(tmp_path / 'run'))
 
 
 def test_batch_not_divisible_by_mesh_is_a_clear_error(tmp_path):
   c = _config(**{'train.batch_size': 6, 'mesh.shape': (4, 1, -1)})
   with pytest.raises(ValueError, match='divisible'):
-    loop.train_and_evaluate(c, str(tmp_path))
+    lm.train_and_evaluate(c, str(tmp_path))
 
 
 def _cli(*args, timeout=300):

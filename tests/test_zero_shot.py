@@ -15,8 +15,8 @@ from ddlm_jax.data import detokenizers, pretrained
 from ddlm_jax.data import zero_shot as zs_data
 from ddlm_jax.evaluation import zero_shot
 from ddlm_jax.evaluation.likelihood import evaluate_likelihood
+from ddlm_jax.tasks import language_model as lm
 from ddlm_jax.tasks import language_model as run_lib
-from ddlm_jax.training import loop
 from experiments.configs import mdlm_owt
 from experiments.configs.common import FIXTURES
 
@@ -151,7 +151,7 @@ def owt_run(tmp_path_factory):
   c.data.cache_dir = str(workdir / 'cache')
   c.mesh.shape = (1, 1, 1)
   c.sample.num_samples = 0
-  summary = loop.train_and_evaluate(c, str(workdir / 'run'))
+  summary = lm.train_and_evaluate(c, str(workdir / 'run'))
   return str(workdir / 'run'), summary
 
 
@@ -200,7 +200,7 @@ def test_zero_shot_score_equals_the_likelihood_evaluator(owt_run, stand_ins):
   workdir, _ = owt_run
   config = run_lib.load_config(workdir)
   config.mesh.shape = (1, 1, 1)
-  run = loop.Run(config, workdir)
+  run = lm.Run(config, workdir)
   assert run.restore() == 6
   run.checkpointer.close()
   docs = zs_data.load_zero_shot('ptb', data_dir=stand_ins)
@@ -229,6 +229,6 @@ def test_zero_shot_score_equals_the_likelihood_evaluator(owt_run, stand_ins):
 
 def test_unknown_dataset_fails_before_restoring(tmp_path):
   with pytest.raises(ValueError, match='Unknown zero-shot'):
-    loop.evaluate_zero_shot(str(tmp_path), ['ptb', 'mnist'])
+    lm.evaluate_zero_shot(str(tmp_path), ['ptb', 'mnist'])
   with pytest.raises(FileNotFoundError, match='config.json'):
-    loop.evaluate_zero_shot(str(tmp_path), ['ptb'])
+    lm.evaluate_zero_shot(str(tmp_path), ['ptb'])

@@ -12,7 +12,7 @@ tokens, reported as nats/token, bits/token and the perplexity bound
 padded with copies that are then dropped); the tail shorter than one row is
 dropped.
 
-``ddlm_jax.training.loop.evaluate_zero_shot(workdir, names)`` restores a
+``ddlm_jax.tasks.language_model.evaluate_zero_shot(workdir, names)`` restores a
 run (its ``config.json`` and newest checkpoint; the tokenizer comes from
 ``workdir/tokenizer`` so the training data need not be present), scores it
 with ``evaluate_dataset`` and writes ``workdir/zero_shot.json``.
@@ -109,7 +109,7 @@ def evaluate_dataset(
   """Zero-shot NELBO of a restored ``run`` on the set ``name``.
 
   Args:
-    run: a ``ddlm_jax.training.loop.Run`` with its checkpoint restored.
+    run: a ``ddlm_jax.tasks.language_model.Run`` with its checkpoint restored.
     name: a key of ``ddlm_jax.data.zero_shot.ZERO_SHOT_DATASETS``.
     data_dir, tfds_data_dir, split: see ``load_zero_shot``.
     batch_size: rows per batch (0: ``config.eval.batch_size``).
