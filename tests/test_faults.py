@@ -61,7 +61,6 @@ def _task(**kw):
     return jnp.mean(err**2), {}
 
   return fit.Task(
-    name='lsq',
     init=lambda key: {'w': jax.random.normal(key, (DIM,)) * 0.1},
     loss=loss,
     batches=_batches,
@@ -114,7 +113,7 @@ def test_all_checkpoints_corrupt_refuses_a_silent_fresh_start(tmp_path):
     fit.fit(_task(), _cfg(), str(workdir))
   assert (ck / '4.corrupt').is_dir() and (ck / '8.corrupt').is_dir()
   again = fit.fit(_task(), _cfg(), str(workdir), allow_fresh_start=True)
-  assert again['start_step'] == 0 and again['finished']
+  assert again.summary['start_step'] == 0 and again.summary['finished']
   assert (ck / '8.corrupt').is_dir()  # Still kept.
 
 
@@ -152,12 +151,16 @@ def test_sigterm_in_the_final_phase_exits_preempted_with_a_summary(tmp_path):
       pytest.fail('the final phase went on after SIGTERM')
     return {'final': 1.0}
 
+  def run():  # The final phase runs after fit returns.
+    result = fit.fit(_task(), _cfg(), str(workdir))
+    return fit.finish(result, lambda result, writer: summary(result))
+
   workdir = tmp_path / 'run'
-  out = fit.fit(_task(summary=summary), _cfg(), str(workdir))
+  out = run()
   assert out['preempted_at_step'] == 8 and out['status'] == 'preempted'
   saved = json.loads((workdir / 'summary.json').read_text())
   assert saved['status'] == 'preempted' and saved['steps'] == 8
-  done = fit.fit(_task(summary=summary), _cfg(), str(workdir))
+  done = run()
   assert done['status'] == 'ok' and done['final'] == 1.0
   assert calls == [8, 8]
 
@@ -175,8 +178,10 @@ def test_sigterm_during_the_last_save_keeps_it_and_skips_the_final_phase(
 
   monkeypatch.setattr(Checkpointer, 'save', save)
   ran = []
-  task = _task(summary=lambda result: ran.append(1) or {})
-  out = fit.fit(task, _cfg(checkpoint_every=3), str(tmp_path))
+  out = fit.finish(
+    fit.fit(_task(), _cfg(checkpoint_every=3), str(tmp_path)),
+    lambda result, writer: ran.append(1) or {},
+  )
   assert out['status'] == 'preempted' and out['preempted_at_step'] == 8
   assert ran == []  # The final phase was left for the restart.
   ck = Checkpointer(str(tmp_path / 'checkpoints'))

@@ -52,7 +52,6 @@ def _task(batches=None, **kw):
     return jnp.mean(err**2), {'abs_err': jnp.mean(jnp.abs(err))}
 
   return fit.Task(
-    name='lsq',
     init=lambda key: {'w': jax.random.normal(key, (DIM,)) * 0.1},
     loss=loss,
     batches=batches or _batches(),
@@ -92,9 +91,9 @@ def test_halt_then_resume_equals_uninterrupted(tmp_path):
   full = fit.fit(_task(), _cfg(), str(tmp_path / 'full'))
   part_dir = str(tmp_path / 'part')
   part = fit.fit(_task(), _cfg(halt_after_steps=3), part_dir)
-  assert part['steps'] == 3 and not part['finished']
+  assert part.summary['steps'] == 3 and not part.summary['finished']
   resumed = fit.fit(_task(), _cfg(), part_dir)
-  assert resumed['finished'] and resumed['start_step'] == 3
+  assert resumed.summary['finished'] and resumed.summary['start_step'] == 3
   got = [r for r in _records(part_dir) if r['split'] == 'train']
   ref = [r for r in _records(str(tmp_path / 'full')) if r['split'] == 'train']
   # Same records, no duplicates: the halt's extra log at step 3 only.
@@ -103,7 +102,7 @@ def test_halt_then_resume_equals_uninterrupted(tmp_path):
   for r in got:
     if r['step'] in ref_loss:
       np.testing.assert_allclose(r['loss'], ref_loss[r['step']], rtol=1e-6)
-  assert full['steps'] == resumed['steps'] == 8
+  assert full.summary['steps'] == resumed.summary['steps'] == 8
   with open(tmp_path / 'full' / 'summary.json') as f:
     assert json.load(f)['status'] == 'ok'
 
@@ -134,20 +133,22 @@ def test_early_stop_is_final_across_restarts(tmp_path):
 
   task = _task(after_eval=after_eval)
   first = fit.fit(task, _cfg(), str(tmp_path))
-  assert first['early_stop_step'] == 4 and first['steps'] == 4
-  assert first['finished']
+  assert first.summary['early_stop_step'] == 4 and first.summary['steps'] == 4
+  assert first.summary['finished']
   again = fit.fit(task, _cfg(), str(tmp_path))
-  assert again['steps'] == 4 and again['early_stop_step'] == 4
+  assert again.summary['steps'] == 4 and again.summary['early_stop_step'] == 4
 
 
 def test_sigterm_saves_and_the_resumed_run_matches(tmp_path):
   ref = fit.fit(_task(), _cfg(), str(tmp_path / 'ref'))
   workdir = str(tmp_path / 'run')
   out = fit.fit(_task(batches=_batches(signal_at=3)), _cfg(), workdir)
-  assert out == {'preempted_at_step': 3, 'status': 'preempted'}
+  assert out.summary == {'preempted_at_step': 3, 'status': 'preempted'}
   assert _params(workdir) == [3]
   done = fit.fit(_task(), _cfg(), workdir)
-  assert done['finished'] and done['steps'] == ref['steps']
+  assert (
+    done.summary['finished'] and done.summary['steps'] == ref.summary['steps']
+  )
   final = lambda d: [
     r for r in _records(d) if r['split'] == 'train' and r['step'] == 8
   ][0]['loss']
@@ -155,14 +156,7 @@ def test_sigterm_saves_and_the_resumed_run_matches(tmp_path):
 
 
 def test_ema_is_kept_for_any_task(tmp_path):
-  seen = {}
-
-  def summary(result):
-    seen['state'] = result.state
-    return {}
-
-  fit.fit(_task(summary=summary), _cfg(ema_decay=0.5), str(tmp_path))
-  state = seen['state']
+  state = fit.fit(_task(), _cfg(ema_decay=0.5), str(tmp_path)).state
   assert state.ema_params is not None
   assert not np.allclose(state.ema_params['w'], state.params['w'])
 
@@ -235,7 +229,7 @@ def test_a_step_dependent_process_sees_the_global_step(monkeypatch):
     for accum in (1, 2):
       _, metrics = steps.train_step(
         state, batch, loss=loss, tx=tx, ema_decay=0.0, accum_steps=accum,
-        weight=steps.lm_weight,
+        weight=steps.lm_weight, uses_step=process.uses_step,
       )  # fmt: skip
       assert float(metrics['loss']) == expect
 
@@ -337,7 +331,7 @@ def test_a_second_writer_is_refused_before_anything_is_written(tmp_path):
     holder.kill()
     holder.wait()
   # The holder died: its lock is stale and the next run takes it over.
-  assert fit.fit(_task(), _cfg(), str(workdir))['finished']
+  assert fit.fit(_task(), _cfg(), str(workdir)).summary['finished']
 
 
 @pytest.mark.parametrize(
@@ -358,7 +352,7 @@ def test_a_changed_hyperparameter_resumes_and_keeps_every_checkpoint(
       )
     }
   out = fit.fit(_task(), _cfg(**changed), workdir)
-  assert out['finished'] and out['start_step'] == 4
+  assert out.summary['finished'] and out.summary['start_step'] == 4
   names = os.listdir(os.path.join(workdir, 'checkpoints'))
   assert not [n for n in names if 'corrupt' in n], names
   assert set(before) <= set(_params(workdir)) | {4}
@@ -386,7 +380,8 @@ import sys
 sys.path.insert(0, {tests!r})
 from test_fit import _KILLED_RUN, _cfg, _task
 from ddlm_jax.training import fit
-print(fit.fit(_task(), _cfg(**_KILLED_RUN), {workdir!r})['steps'], flush=True)
+result = fit.fit(_task(), _cfg(**_KILLED_RUN), {workdir!r})
+print(result.summary['steps'], flush=True)
 """
 
 
@@ -443,7 +438,7 @@ def test_kill_9_at_random_moments_ends_like_an_uninterrupted_run(tmp_path):
   assert kills == 2
   last = start(workdir)
   assert last.communicate(timeout=300)[0].strip().endswith(str(num_steps))
-  assert ref['steps'] == num_steps
+  assert ref.summary['steps'] == num_steps
   got, ref_ck = (
     Checkpointer(os.path.join(d, 'checkpoints'))
     for d in (workdir, tmp_path / 'ref')

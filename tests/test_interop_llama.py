@@ -498,7 +498,7 @@ def test_converted_directory_is_a_run(tmp_path):
   # The restored parameters are the checkpoint's, not a fresh init.
   _, params = _ours(tmp_path / 'hf', 'llada')
   np.testing.assert_array_equal(
-    np.asarray(run.state.params['embedding']), np.asarray(params['embedding'])
+    np.asarray(run.params['embedding']), np.asarray(params['embedding'])
   )
   run.close()
   config = load_config(str(work), over)
@@ -513,7 +513,7 @@ def test_converted_directory_is_a_run(tmp_path):
   tuned = load_run(str(work), over)
   assert tuned.checkpointer.latest_step() == 2
   assert np.abs(
-    np.asarray(tuned.state.params['embedding']) - np.asarray(
+    np.asarray(tuned.params['embedding']) - np.asarray(
       params['embedding'])
   ).max() > 0  # fmt: skip
   tuned.close()

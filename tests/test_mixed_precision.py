@@ -53,6 +53,12 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
+def built(runs):
+  """The fresh train state of each run (a Run itself allocates none)."""
+  return tuple(run.train_setup() for run in runs)
+
+
+@pytest.fixture(scope='module')
 def batch(runs):
   host = next(iter(runs[0].task().batches(0)))
   return {k: jnp.asarray(v) for k, v in host.items()}
@@ -99,20 +105,22 @@ def _ops(jaxpr, out=None):
   return out
 
 
-def test_bf16_keeps_float32_parameters_and_float32_loss_math(runs, batch):
+def test_bf16_keeps_float32_parameters_and_float32_loss_math(
+  runs, built, batch
+):
   f32, bf16 = runs
-  leaves = jax.tree.leaves(bf16.state.params)
+  leaves = jax.tree.leaves(built[1].state.params)
   assert all(x.dtype == jnp.float32 for x in leaves)
-  opt_leaves = jax.tree.leaves(bf16.state.opt_state)
+  opt_leaves = jax.tree.leaves(built[1].state.opt_state)
   assert all(x.dtype != jnp.bfloat16 for x in opt_leaves)
   same = jax.tree.map(
     lambda a, b: bool(jnp.array_equal(a, b)),
-    f32.state.params,
-    bf16.state.params,
+    built[0].state.params,
+    built[1].state.params,
   )
   assert all(jax.tree.leaves(same))  # One init, whatever the compute dtype.
   loss = lambda p: bf16.task().loss(p, jax.random.key(0), batch)[0]
-  ops = _ops(jax.make_jaxpr(loss)(bf16.state.params).jaxpr)
+  ops = _ops(jax.make_jaxpr(loss)(built[1].state.params).jaxpr)
   counts = collections.Counter((name, o) for name, _, o, _ in ops)
   # The matmuls really run in bf16 ...
   assert counts[('dot_general', 'bfloat16')] >= 4 * bf16.config.model.depth
@@ -123,20 +131,20 @@ def test_bf16_keeps_float32_parameters_and_float32_loss_math(runs, batch):
   assert sum(counts[(n, 'float32')] for n in ('exp', 'reduce_sum')) > 0
   tokens = batch['tokens']
   model_out = jax.eval_shape(
-    lambda p: nnx.merge(bf16.graphdef, p)(tokens), bf16.state.params
+    lambda p: nnx.merge(bf16.graphdef, p)(tokens), built[1].state.params
   )
   assert model_out.dtype == jnp.float32  # Logits reach the loss as float32.
 
 
 def test_bf16_logits_and_attention_scores_come_out_of_the_matmul_in_float32(
-  runs, batch
+  runs, built, batch
 ):
   bf16 = runs[1]
   vocab = bf16.process.vocab_size
   b, length = batch['tokens'].shape
   heads = bf16.config.model.num_heads
   loss = lambda p: bf16.task().loss(p, jax.random.key(0), batch)[0]
-  ops = _ops(jax.make_jaxpr(loss)(bf16.state.params).jaxpr)
+  ops = _ops(jax.make_jaxpr(loss)(built[1].state.params).jaxpr)
   dots = [op for op in ops if op[0] == 'dot_general']
   logits = [op for op in dots if op[3][-1] == vocab]
   scores = [op for op in dots if op[3] == (b, heads, length, length)]
@@ -144,15 +152,16 @@ def test_bf16_logits_and_attention_scores_come_out_of_the_matmul_in_float32(
   assert {op[2] for op in logits + scores} == {'float32'}
 
 
-def test_bf16_loss_matches_float32(runs, batch):
+def test_bf16_loss_matches_float32(runs, built, batch):
   f32, bf16 = runs
-  loss32 = _strict_loss(f32, f32.state.params, batch)
-  loss16 = _strict_loss(bf16, bf16.state.params, batch)
+  loss32 = _strict_loss(f32, built[0].state.params, batch)
+  loss16 = _strict_loss(bf16, built[1].state.params, batch)
   key = jax.random.key(0)
   # At init the zero-initialised head makes every logit 0 in both dtypes:
   # the loss is the same number exactly (a check of the shared init).
-  assert loss32(f32.state.params, key) == loss16(bf16.state.params, key)
-  params = _random_head(f32.state.params, jax.random.key(1))
+  p32, p16 = built[0].state.params, built[1].state.params
+  assert loss32(p32, key) == loss16(p16, key)
+  params = _random_head(built[0].state.params, jax.random.key(1))
   gaps = []
   for seed in range(4):
     k = jax.random.key(10 + seed)
@@ -166,18 +175,17 @@ def test_bf16_loss_matches_float32(runs, batch):
 
 @pytest.mark.slow  # Two train-step compiles: ~40 s on a busy 2-core host.
 def test_bf16_short_run_is_finite_and_tracks_float32(
-  runs, tmp_path, monkeypatch
+  runs, built, tmp_path, monkeypatch
 ):
   """The smoke run (6 AdamW steps) in both dtypes, compiled without excess
   precision: every logged bf16 loss finite and within RTOL of float32's
   (measured < 1e-4 relative), and not identical to it."""
   monkeypatch.setitem(fit.FAST_COMPILE, 'xla_allow_excess_precision', False)
   losses = []
-  for run, name in zip(runs, ('f32', 'bf16')):
+  for run, fresh, name in zip(runs, built, ('f32', 'bf16')):
     task = dataclasses.replace(
       run.task(),
       evaluate=None,  # Training alone: no evaluation, no samples.
-      summary=lambda result: {},
       cache_key=None,  # Compiled here, with the options above.
     )
     summary = fit.fit(
@@ -186,13 +194,10 @@ def test_bf16_short_run_is_finite_and_tracks_float32(
       str(tmp_path / name),
       mesh=run.mesh,
       # A copy: the train step donates its input state.
-      built=(
-        jax.tree.map(jnp.copy, run.state),
-        run.shardings,
-        run.tx,
-        run.lr_schedule,
+      built=dataclasses.replace(
+        fresh, state=jax.tree.map(jnp.copy, fresh.state)
       ),
-    )
+    ).summary
     assert summary['status'] == 'ok' and summary['finished']
     rows = (tmp_path / name / 'metrics.jsonl').read_text().splitlines()
     records = [json.loads(r) for r in rows]

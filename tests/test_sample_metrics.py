@@ -181,10 +181,11 @@ def test_load_run_samples_and_scores_with_an_ar_scorer(tmp_path, capsys):
   with open(os.path.join(workdir, 'config.json'), 'w') as f:
     json.dump(c.to_dict(), f)
   writer = Checkpointer(os.path.join(workdir, 'checkpoints'))
-  writer.save(1, run.state, {}, force=True)
+  state = run.train_setup().state
+  writer.save(1, state, {}, force=True)
   writer.close()
   with pytest.raises(ValueError, match='reader'):
-    run.checkpointer.save(2, run.state, {}, force=True)
+    run.checkpointer.save(2, state, {}, force=True)
   with pytest.raises(FileNotFoundError, match='config.json'):
     load_run(str(tmp_path))
   run = load_run(workdir, {'sample.sampler': 'eb:gamma=0.5'})

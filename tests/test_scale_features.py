@@ -115,19 +115,20 @@ def test_checkpoint_saved_on_one_mesh_restores_on_another(tmp_path):
   workdir = str(tmp_path)
   single = lm.Run(c, workdir)
   writer = Checkpointer(os.path.join(workdir, 'checkpoints'))
-  writer.save(3, single.state, {'next_index': 24})
+  state = single.train_setup().state
+  writer.save(3, state, {'next_index': 24})
   writer.wait()
   c8 = quickstart.get_config('smoke')
   c8.mesh.shape = (2, 2, 2)
   c8.train.batch_size = 8
   sharded = lm.Run(c8, workdir)
   assert sharded.restore() == 3
-  kernel = sharded.state.params['blocks'][0]['mlp']['up']['kernel']
+  kernel = sharded.params['blocks'][0]['mlp']['up']['kernel']
   assert len(kernel.sharding.device_set) == 8
   jax.tree.map(
     lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-    single.state.params,
-    sharded.state.params,
+    state.params,
+    sharded.params,
   )
   writer.close()
   sharded.checkpointer.close()

@@ -266,7 +266,7 @@ def _final_params(workdir):
   from ddlm_jax.tasks.language_model import load_run
 
   run = load_run(workdir)
-  params = jax.device_get(run.state.params)
+  params = jax.device_get(run.params)
   run.checkpointer.close()
   return params
 

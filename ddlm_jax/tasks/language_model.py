@@ -4,13 +4,17 @@ workdir, and its modes (train, eval, sample, zero-shot).
 `Run(config, workdir)` is the only place that turns an LM config into
 objects: the process, the network, the data, the sampler (validated here,
 before any compute) and the loop's `TrainerConfig`; `run.task()` is the
-`fit.Task` of language modelling with the run's process. `load_run(workdir)`
-rebuilds a finished or interrupted run from workdir/config.json and
-restores its newest checkpoint, so saved runs can be scored (the AR twin as
-gen-ppl scorer), sampled or warm-started from without their config file.
+`fit.Task` of language modelling with the run's process. A Run allocates
+no weights itself: training builds the train state in `fit`, and a reader
+(eval, sample, `load_run`) restores the parameters alone, never the
+optimizer moments. `load_run(workdir)` rebuilds a finished or interrupted
+run from workdir/config.json and restores its newest checkpoint, so saved
+runs can be scored (the AR twin as gen-ppl scorer), sampled or
+warm-started from without their config file.
 
 `train_and_evaluate` trains with periodic evaluation and checkpoints
-(`fit.fit` on the run's task), then evaluates and samples the final model.
+(`fit.fit` on the run's task), then, once fit has returned, evaluates and
+samples the final model (`fit.finish`).
 Everything lands in the workdir: config.json, tokenizer/, checkpoints/,
 metrics.jsonl, summary.json, samples.txt and curves.png. A run resumes from
 its newest checkpoint (train state and data-iterator position) when started
@@ -19,7 +23,6 @@ again on the same workdir.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
@@ -65,7 +68,6 @@ from ddlm_jax.training.fit import TrainingDivergedError  # noqa: F401
 from ddlm_jax.training.metrics import write_json
 from ddlm_jax.training.state import (
   count_params,
-  eval_params,
   module_init,
   param_shardings,
   split_model,
@@ -264,10 +266,11 @@ class Run:
     self.model_config = builders.model_config(config.model, self.process)
     self.build = builders.model_builder(config.model, self.process, soft_mask)
     self.graphdef, self._abstract_params = split_model(self.build)
-    self.state, self.shardings, self.tx, self.lr_schedule = fit.build_state(
-      self.task(), self.trainer_config, self.mesh
-    )
-    self.num_params = count_params(self.state.params)
+    self.num_params = count_params(self.abstract_params())
+    # The restored parameters of a reader (restore): the raw ones, and the
+    # EMA ones when evaluation uses them.
+    self.params = None
+    self.ema_params = None
     self._checkpointer = None
 
   @classmethod
@@ -309,19 +312,48 @@ class Run:
         '--config.mesh.shape.'
       )
 
+  def abstract_params(self, mesh=None):
+    """ShapeDtypeStructs of the parameter dict (with their shardings on
+    `mesh`, when given); nothing is allocated."""
+    shapes = jax.eval_shape(module_init(self.build), jax.random.key(0))
+    if mesh is None:
+      return shapes
+    return jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      shapes,
+      param_shardings(self._abstract_params, mesh),
+    )
+
+  def train_setup(self) -> fit.Built:
+    """A fresh train state (parameters, optimizer moments, EMA) on the
+    run's mesh, as `fit` builds it."""
+    return fit.build_state(self.task(), self.trainer_config, self.mesh)
+
   def restore(self) -> int:
-    """Restores the newest checkpoint if any; returns its step (or 0)."""
-    found = fit.restore_latest(self.checkpointer, self.state, self.shardings)
+    """Restores the newest checkpoint's parameters (no optimizer state);
+    returns its step (or 0 when there is none)."""
+    cfg = self.trainer_config
+    found = fit.restore_params(
+      self.checkpointer,
+      self.abstract_params(self.mesh),
+      ema=cfg.ema_decay > 0 and cfg.eval_uses_ema,
+    )
     if found is None:
       if self.checkpointer.unreadable:
         raise self.checkpointer.all_corrupt_error()
       return 0
-    self.state, _, step = found
+    self.params, self.ema_params, step = found
     print(f'Resumed from checkpoint step {step} in {self.workdir}', flush=True)
     return step
 
   def eval_params(self):
-    return eval_params(self.state, self.trainer_config.eval_uses_ema)
+    """The parameters evaluation and sampling use (EMA when asked for)."""
+    if self.params is None:
+      raise ValueError(
+        'this Run holds no parameters yet: restore() its checkpoint (or '
+        'use load_run) before evaluating or sampling.'
+      )
+    return self.params if self.ema_params is None else self.ema_params
 
   def forward_flops(self, batch: int, length: int) -> float:
     """Forward FLOPs of one network call, from the network that was built.
@@ -331,7 +363,7 @@ class Run:
     """
     if self.config.model.get('backbone', 'transformer') == 'transformer':
       return cost.transformer_flops(self.model_config, batch, length)
-    model = steps.make_apply(self.graphdef, self.state.params)
+    model = steps.make_apply(self.graphdef, self.eval_params())
     return cost.xla_flops(lambda z, t: model(z, t), batch, length)
 
   # ------------------------------------------------------------ the task
@@ -350,7 +382,6 @@ class Run:
   def task(self) -> fit.Task:
     """Language modelling with this run's process, as a loop task."""
     config = self.config
-    init = module_init(self.build)
     abstract = self._abstract_params
 
     def evaluate(params, step):
@@ -363,26 +394,32 @@ class Run:
       )
 
     return fit.Task(
-      name=config.process.kind,
-      init=init,
+      init=module_init(self.build),
       loss=steps.lm_loss(self.graphdef, self.process),
       weight=steps.lm_weight,
       batches=lambda start: builders.train_batches(
         config, self.data, config.seed
       ),
       evaluate=evaluate,
-      summary=self._summary,
       param_shardings=lambda mesh: param_shardings(abstract, mesh),
       check_batch=self._check_tokens,
-      tokens_per_step=config.train.batch_size * config.data.seq_len,
-      shown=('loss', 'nelbo_per_token', 'sm_w_s', 'sm_lambda'),
+      uses_step=self.process.uses_step,
       # Runs of one network and process (a halted run and its resumption,
       # the seeds of a sweep) share one compiled train step.
       cache_key=('lm', self.graphdef, self.process),
+    )
+
+  def display(self) -> fit.Display:
+    """The progress lines of this run."""
+    return fit.Display(
+      name=self.config.process.kind,
+      header=self.header(),
+      shown=('loss', 'nelbo_per_token', 'sm_w_s', 'sm_lambda'),
       describe_eval=lambda ev: (
         f'validation {ev["bits_per_token"]:.4f} +- '
         f'{ev["bits_per_token_stderr"]:.4f} bits/token'
       ),
+      tokens_per_step=self.config.train.batch_size * self.config.data.seq_len,
     )
 
   def header(self) -> str:
@@ -391,18 +428,21 @@ class Run:
       f'vocab {self.process.vocab_size} | mesh {dict(self.mesh.shape)}'
     )
 
-  def _summary(self, result: fit.FitResult) -> dict:
-    """Final validation and samples once the run reached num_steps."""
-    self.state = result.state
+  def final(self, result: fit.FitResult, writer) -> dict:
+    """Final validation and samples once the run reached num_steps (run
+    after fit returned, through fit.finish)."""
     summary = {'process': self.config.process.kind}
     if result.status != 'ok' or result.step < self.config.train.num_steps:
       return summary
+    self.params = result.params
+    if self.trainer_config.eval_uses_ema:
+      self.ema_params = result.state.ema_params
     final = self.evaluate(
       'validation',
       num_batches=self.config.eval.final_num_batches,
       time_samples=self.config.eval.final_time_samples,
     )
-    result.writer.write(result.step, 'final_validation', final)
+    writer.write(result.step, 'final_validation', final)
     summary['validation'] = final
     print(
       f'final validation: {final["bits_per_token"]:.4f} +- '
@@ -423,7 +463,7 @@ class Run:
       return state
     src = load_run(self.init_from)
     step = src.checkpointer.latest_step()
-    params = jax.device_get(src.state.params)
+    params = jax.device_get(src.params)
     src.close()
     print(f'Initialised from {self.init_from} (step {step}).', flush=True)
     return warm_start.with_params(state, shardings, params)
@@ -543,18 +583,18 @@ def train_and_evaluate(
   """
   with WorkdirLock(workdir):
     run = Run(config, workdir)
-    task = dataclasses.replace(run.task(), header=run.header())
-    summary = fit.fit(
-      task,
+    result = fit.fit(
+      run.task(),
       run.trainer_config,
       workdir,
+      display=run.display(),
       config_record=config.to_dict(),
       mesh=run.mesh,
       restore=run.warm_start if run.init_from else None,
-      built=(run.state, run.shardings, run.tx, run.lr_schedule),
       locked=True,
       allow_fresh_start=allow_fresh_start,
     )
+    summary = fit.finish(result, run.final)
   if (
     jax.process_index() == 0
     and 'preempted_at_step' not in summary

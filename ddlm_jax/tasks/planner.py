@@ -49,7 +49,7 @@ from ddlm_jax.training.config import (
   check_range,
   check_renamed_keys,
 )
-from ddlm_jax.training.fit import Task, fit
+from ddlm_jax.training.fit import Display, Task, finish, fit
 from ddlm_jax.training.workdir_lock import WorkdirLock
 
 ROLES = ('planner', 'direct', 'cot', 'text')
@@ -313,25 +313,21 @@ def train(
     or was preempted before its last step.
   """
   initial = jax.tree.map(jnp.copy, params)  # the caller's arrays stay valid
-  trained = {}
-
-  def summary(result):
-    trained['params'] = result.state.params
-    return {'stage': name}
-
-  task = Task(
-    name=name,
-    init=lambda key: initial,
-    loss=loss_fn,
-    batches=batches,
-    summary=summary,
-    shown=('loss', 'answer_acc', 'nelbo_per_token'),
-    log_window_mean=True,
+  task = Task(init=lambda key: initial, loss=loss_fn, batches=batches)
+  result = fit(
+    task,
+    stage_trainer_config(config, block_key),
+    directory,
+    display=Display(
+      name=name,
+      shown=('loss', 'answer_acc', 'nelbo_per_token'),
+      log_window_mean=True,
+    ),
   )
-  out = fit(task, stage_trainer_config(config, block_key), directory)
-  if not out.get('finished'):
-    raise StageNotFinishedError(name, out)
-  return trained['params']
+  summary = finish(result, lambda res, writer: {'stage': name})
+  if not result.finished or summary['status'] != 'ok':
+    raise StageNotFinishedError(name, summary)
+  return result.params
 
 
 def _task_stream(config, block, start: int) -> Iterator[dict]:

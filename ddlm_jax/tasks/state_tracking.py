@@ -49,9 +49,10 @@ from ddlm_jax.training import metrics
 from ddlm_jax.training.config import ConfigError, TrainerConfig, check_range
 from ddlm_jax.training.fit import (
   FAST_COMPILE,
+  Display,
   FitResult,
   Task,
-  TrainingDivergedError,
+  finish,
   fit,
   restore_newest,
 )
@@ -410,45 +411,7 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
       res.update(eval_hook(params, step))
     return res
 
-  def summary(result: FitResult) -> dict:
-    state, extra = result.state, result.state.extra
-    out = {
-      'model': config.model.mixer,
-      'task': config.task.name,
-      'loss_on': on,
-      'seed': seed,
-      'best_val_accuracy': float(extra['best_val_acc']),
-      'best_step': int(extra['best_step']),
-      'wall_s': round(result.wall_seconds_total, 1),
-    }
-    if not (result.finished or result.status == 'nan'):
-      return out
-    test = _eval_split(config, 'test', config.task.num_test, seed)
-    final = evaluate(eval_step, state.params, test, batch, per_sequence=True)
-    best = final
-    if float(extra['best_val_acc']) >= 0:  # Else no validation ran.
-      best = evaluate(
-        eval_step, best_params(state), test, batch, per_sequence=True
-      )
-    out.update(
-      test_accuracy=best['accuracy'],
-      test_loss=best['loss'],
-      test_accuracy_final=final['accuracy'],
-      test_lengths=list(config.task.eval_lengths),
-      num_test=config.task.num_test,
-      test_accuracy_by_length=accuracy_by_length(best['hit'], test['lengths']),
-    )
-    result.writer.write(result.step, 'test', {'accuracy': best['accuracy']})
-    print(
-      f'TEST accuracy {best["accuracy"]:.4f} (best-validation params; final '
-      f'params {final["accuracy"]:.4f}) on {config.task.num_test} sequences '
-      f'of length {config.task.eval_lengths}',
-      flush=True,
-    )
-    return out
-
   return Task(
-    name=f'{config.model.mixer} on {config.task.name}',
     init=init,
     loss=_loss_fn(graphdef, on),
     batches=lambda start: itertools.islice(
@@ -456,19 +419,72 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
     ),
     evaluate=validate,
     after_eval=_keep_best(float(tr.get('early_stop_accuracy', 0.0))),
-    summary=summary,
     init_extra=_init_extra,
     weight=_real_positions if on == 'prefix' else batch_size_weight,
-    tokens_per_step=tr.batch_size * config.task.train_lengths[1],
-    shown=('loss', 'acc', 'prefix_acc'),
-    log_window_mean=True,
-    header=(
-      f'{config.model.mixer} on {config.task.name} (seed {seed}): '
-      f'{ccfg.d_model=} {ccfg.state_size=} {ccfg.num_layers=}, '
-      f'{tr.num_steps} steps of {tr.batch_size}, loss on {on}'
-    ),
     cache_key=('state_tracking', ccfg, on),
   )
+
+
+def display(config) -> Display:
+  """The progress lines of a state-tracking run."""
+  ccfg = classifier_config(config)
+  tr = config.train
+  return Display(
+    name=f'{config.model.mixer} on {config.task.name}',
+    header=(
+      f'{config.model.mixer} on {config.task.name} (seed {config.seed}): '
+      f'{ccfg.d_model=} {ccfg.state_size=} {ccfg.num_layers=}, '
+      f'{tr.num_steps} steps of {tr.batch_size}, loss on {loss_on(config)}'
+    ),
+    shown=('loss', 'acc', 'prefix_acc'),
+    log_window_mean=True,
+    tokens_per_step=tr.batch_size * config.task.train_lengths[1],
+  )
+
+
+def final_test(config, result: FitResult, writer) -> dict:
+  """The summary of a trained run: TEST accuracy of the best-validation
+  and of the final parameters (also after a non-finite stop, with the
+  last finite ones), by length; the 'test' record joins metrics.jsonl."""
+  state, extra = result.state, result.state.extra
+  out = {
+    'model': config.model.mixer,
+    'task': config.task.name,
+    'loss_on': loss_on(config),
+    'seed': config.seed,
+    'best_val_accuracy': float(extra['best_val_acc']),
+    'best_step': int(extra['best_step']),
+    'wall_s': round(result.wall_seconds_total, 1),
+  }
+  if not (result.finished or result.status == 'nan'):
+    return out
+  _, _, eval_step = programs(
+    classifier_config(config), bool(config.train.fast_compile)
+  )
+  batch = config.eval.batch_size
+  test = _eval_split(config, 'test', config.task.num_test, config.seed)
+  final = evaluate(eval_step, state.params, test, batch, per_sequence=True)
+  best = final
+  if float(extra['best_val_acc']) >= 0:  # Else no validation ran.
+    best = evaluate(
+      eval_step, best_params(state), test, batch, per_sequence=True
+    )
+  out.update(
+    test_accuracy=best['accuracy'],
+    test_loss=best['loss'],
+    test_accuracy_final=final['accuracy'],
+    test_lengths=list(config.task.eval_lengths),
+    num_test=config.task.num_test,
+    test_accuracy_by_length=accuracy_by_length(best['hit'], test['lengths']),
+  )
+  writer.write(result.step, 'test', {'accuracy': best['accuracy']})
+  print(
+    f'TEST accuracy {best["accuracy"]:.4f} (best-validation params; final '
+    f'params {final["accuracy"]:.4f}) on {config.task.num_test} sequences '
+    f'of length {config.task.eval_lengths}',
+    flush=True,
+  )
+  return out
 
 
 def restore_state(config, workdir: str):
@@ -531,14 +547,13 @@ def train_state_tracking(
     the last finite parameters, so a sweep goes on).
   """
   task = state_tracking_task(config, eval_hook=eval_hook)
-  cfg = trainer_config(config)
-  try:
-    return fit(
-      task,
-      cfg,
-      workdir,
-      config_record=config.to_dict(),
-      allow_fresh_start=allow_fresh_start,
-    )
-  except TrainingDivergedError as err:
-    return err.summary
+  result = fit(
+    task,
+    trainer_config(config),
+    workdir,
+    display=display(config),
+    config_record=config.to_dict(),
+    allow_fresh_start=allow_fresh_start,
+    raise_on_nan=False,  # The last finite parameters are still tested.
+  )
+  return finish(result, lambda res, writer: final_test(config, res, writer))

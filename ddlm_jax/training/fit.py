@@ -77,7 +77,6 @@ class Task:
   loop's.
 
   Attributes:
-    name: label of progress lines and messages.
     init: key -> parameter dict; traceable (runs under jit).
     loss: (params, key, batch) -> (scalar loss, metrics dict).
     batches: start step -> iterator of host (numpy) batch dicts. When the
@@ -86,46 +85,73 @@ class Task:
     evaluate: (params, step) -> metrics dict, or None for no evaluation.
     after_eval: (state, metrics, step) -> (state, stop): e.g. keep the best
       parameters in state.extra, or stop early.
-    summary: FitResult -> dict merged into summary.json (final scores).
     init_extra: params -> the task's pytree in state.extra (or None).
     param_shardings: mesh -> shardings of the parameter dict (default:
       replicated).
     weight: batch -> its weight among accumulated micro-batches (its real
       tokens for language models; default: its number of sequences).
     check_batch: host-side check of each batch before it goes to device.
-    tokens_per_step: for tokens/s (0: batch size x sequence length of the
-      first batch's first array).
-    shown: metric names for the progress line.
-    log_window_mean: log the mean over the steps since the last log (else
-      the logged step's own metrics).
-    describe_eval: eval metrics -> the line printed after an evaluation.
-    header: printed once before training.
+    uses_step: the loss reads the global step (batch['step'], one entry
+      per sequence), as a process that declares `uses_step` does.
     cache_key: hashable; tasks with equal keys share compiled steps in one
       process (seeds of a sweep, restarts in tests).
   """
 
-  name: str
   init: Callable[[jax.Array], Any]
   loss: Callable[[Any, jax.Array, dict], tuple[jax.Array, dict]]
   batches: Callable[[int], Iterator[dict]]
   evaluate: Callable[[Any, int], dict] | None = None
   after_eval: Callable[[TrainState, dict, int], tuple[TrainState, bool]] = _keep
-  summary: Callable[[FitResult], dict] = lambda result: {}
   init_extra: Callable[[Any], Any] | None = None
   param_shardings: Callable[[Any], Any] | None = None
   weight: Callable[[dict], jax.Array] = batch_size_weight
   check_batch: Callable[[dict], None] | None = None
-  tokens_per_step: int = 0
-  shown: tuple[str, ...] = ('loss',)
-  log_window_mean: bool = False
-  describe_eval: Callable[[dict], str] | None = None
-  header: str = ''
+  uses_step: bool = False
   cache_key: Any = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class Display:
+  """How a run shows itself: its progress lines and their records.
+
+  Attributes:
+    name: label of progress lines and messages.
+    header: printed once before training.
+    shown: metric names for the progress line.
+    describe_eval: eval metrics -> the line printed after an evaluation.
+    log_window_mean: log the mean over the steps since the last log (else
+      the logged step's own metrics).
+    tokens_per_step: for tokens/s (0: batch size x sequence length of the
+      first batch's first array).
+  """
+
+  name: str = 'fit'
+  header: str = ''
+  shown: tuple[str, ...] = ('loss',)
+  describe_eval: Callable[[dict], str] | None = None
+  log_window_mean: bool = False
+  tokens_per_step: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+  """A task's freshly initialised train state and its optimizer."""
+
+  state: TrainState
+  shardings: Any
+  tx: Any  # optax.GradientTransformation
+  schedule: Callable[[int], Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class FitResult:
-  """What a task's summary sees: the trained state and how the run went."""
+  """What `fit` returns: the trained state and how the run went.
+
+  `summary` is what summary.json holds; a task's final phase (final
+  evaluation, test scores, samples) adds to it through `finish`, which
+  also closes `writer` (the run's metrics.jsonl and log backends, kept
+  open so the final records join the same event files and W&B run).
+  """
 
   state: TrainState
   config: TrainerConfig
@@ -139,8 +165,13 @@ class FitResult:
   train_seconds: float
   tokens_per_sec: float
   wall_seconds_total: float
-  writer: metrics_lib.MetricsWriter
   num_params: int
+  summary: dict
+  writer: metrics_lib.MetricsWriter
+
+  @property
+  def params(self):
+    return self.state.params
 
   def eval_params(self):
     return eval_params(self.state, self.config.eval_uses_ema)
@@ -194,8 +225,8 @@ def _to_device(batch: dict, sharding) -> dict:
   }
 
 
-def build_state(task: Task, cfg: TrainerConfig, mesh):
-  """(state, shardings, tx, schedule) of a task, freshly initialised."""
+def build_state(task: Task, cfg: TrainerConfig, mesh) -> Built:
+  """A task's train state, freshly initialised, with its optimizer."""
   tx, schedule = optimizer_from_config(cfg.optimizer, cfg.num_steps)
   state, shardings = init_state(
     task.init,
@@ -208,7 +239,7 @@ def build_state(task: Task, cfg: TrainerConfig, mesh):
     ),
     init_extra=task.init_extra,
   )
-  return state, shardings, tx, schedule
+  return Built(state, shardings, tx, schedule)
 
 
 def restore_latest(ckpt: Checkpointer, state, shardings):
@@ -217,11 +248,30 @@ def restore_latest(ckpt: Checkpointer, state, shardings):
 
   The fresh `state` fills what a changed hyperparameter (optimizer chain,
   EMA on or off) makes unrestorable; the checkpointer logs each change.
-  Every restore of the suite goes through here (training, eval, sample).
+  Every restore of a train state goes through here.
   """
   return ckpt.restore_latest(
     abstract_state(state, shardings), initial_state=state
   )
+
+
+def restore_params(ckpt: Checkpointer, abstract_params, *, ema: bool):
+  """The newest checkpoint's parameters only: (params, ema_params, step),
+  or None when no checkpoint is readable.
+
+  For readers (evaluation, sampling): no optimizer moments are built or
+  read. `abstract_params` holds ShapeDtypeStructs with their shardings;
+  `ema` also restores the EMA parameters (a checkpoint without them gives
+  a copy of the parameters), else ema_params is None.
+  """
+  target = {'params': abstract_params}
+  if ema:
+    target['ema_params'] = abstract_params
+  found = ckpt.restore_latest(target)
+  if found is None:
+    return None
+  restored, _, step = found
+  return restored['params'], restored.get('ema_params'), step
 
 
 def restore_newest(task: Task, cfg: TrainerConfig, workdir: str):
@@ -232,12 +282,12 @@ def restore_newest(task: Task, cfg: TrainerConfig, workdir: str):
   """
   if not has_checkpoint(os.path.join(workdir, 'checkpoints')):
     raise no_checkpoint(workdir)  # Before anything is built.
-  state, shardings, _, _ = build_state(task, cfg, make_mesh(cfg.mesh_shape))
+  built = build_state(task, cfg, make_mesh(cfg.mesh_shape))
   # A reader: it creates nothing and sets nothing aside (a live run may
   # hold the workdir).
   ckpt = Checkpointer(os.path.join(workdir, 'checkpoints'), read_only=True)
   try:
-    found = restore_latest(ckpt, state, shardings)
+    found = restore_latest(ckpt, built.state, built.shardings)
   finally:
     ckpt.close()
   if found is None:
@@ -257,6 +307,7 @@ def _step_fn(task, cfg, tx, shardings, mesh):
     mesh,
     accum_steps=cfg.grad_accum_steps,
     weight=task.weight,
+    uses_step=task.uses_step,
     compiler_options=options,
   )
   if task.cache_key is None:
@@ -270,22 +321,14 @@ def _step_fn(task, cfg, tx, shardings, mesh):
   return _COMPILED[key]
 
 
-def _data_state(iterator, step, wall_total, early_step) -> dict:
-  state = {'batches': step, 'wall_s': wall_total}
-  state['early_stop_step'] = early_step
-  if hasattr(iterator, 'get_state'):
-    state['iterator'] = iterator.get_state()
-  return state
-
-
-def _diverged_message(task, bad, last_saved, directory) -> str:
+def _diverged_message(name, bad, last_saved, directory) -> str:
   kept = (
     f'The last good checkpoint (step {last_saved}) is kept in {directory}.'
     if last_saved
     else 'No checkpoint was saved before it.'
   )
   return (
-    f'{task.name}: non-finite loss, gradients or parameters at step {bad}. '
+    f'{name}: non-finite loss, gradients or parameters at step {bad}. '
     f'Training stopped; the parameters were not updated from that step on '
     f'and nothing non-finite was saved. {kept} Lower the learning rate or '
     'check the data, then restart on the same workdir to resume.'
@@ -297,29 +340,38 @@ def fit(
   cfg: TrainerConfig,
   workdir: str,
   *,
+  display: Display = Display(),
   config_record: dict | None = None,
   mesh=None,
   restore: Callable | None = None,
-  built: tuple | None = None,
+  built: Built | None = None,
   locked: bool = False,
   allow_fresh_start: bool = False,
-) -> dict:
-  """Trains `task` in `workdir` (resuming there); returns the summary.
+  raise_on_nan: bool = True,
+) -> FitResult:
+  """Trains `task` in `workdir` (resuming there); returns how it went.
+
+  summary.json is written before this returns; a task's final phase
+  (final evaluation, samples) runs after it, through `finish`.
 
   Args:
+    display: the run's name, header and progress-line settings.
     config_record: written to workdir/config.json once the checkpoint is
       known to fit (nothing is written before that check).
     mesh: the device mesh (default: from cfg.mesh_shape).
     restore: (state, shardings) -> state, used when the workdir holds no
       checkpoint yet (warm start from another run).
-    built: (state, shardings, tx, schedule) from build_state, when the
-      caller has built them already (on `mesh`).
+    built: from build_state, when the caller has built it already (on
+      `mesh`).
     locked: the caller holds the workdir's WorkdirLock already; else fit
       takes it (one writer per workdir) before anything is written.
     allow_fresh_start: train from step 0 although every checkpoint of the
       workdir is unreadable (set aside as <step>.corrupt); without it that
       raises AllCheckpointsCorruptError, so hours of compute never restart
       silently.
+    raise_on_nan: raise TrainingDivergedError when a step was not finite
+      (else return the result with status 'nan', for a task that still
+      scores the last finite parameters).
   """
   wall0 = time.perf_counter()
   # A log backend whose package is missing fails before anything is written.
@@ -333,9 +385,10 @@ def fit(
       os.path.join(workdir, 'checkpoints'), max_to_keep=cfg.max_checkpoints
     )
     try:
-      return _fit(
+      loop = _Loop.setup(
         task,
         cfg,
+        display,
         workdir,
         mesh,
         built,
@@ -345,219 +398,382 @@ def fit(
         restore,
         allow_fresh_start,
       )
+      loop.train()
+      result = loop.result()
     finally:
       ckpt.close()
+  if result.status == 'nan' and raise_on_nan:
+    result.writer.close()
+    raise TrainingDivergedError(loop.diverged_message(), result.summary)
+  return result
 
 
-def _fit(
-  task,
-  cfg,
-  workdir,
-  mesh,
-  built,
-  ckpt,
-  wall0,
-  config_record,
-  restore,
-  allow_fresh_start=False,
-):
-  """The body of fit, with the lock held and the checkpointer open."""
-  state, shardings, tx, schedule = built
-  is_main = jax.process_index() == 0
-  found = restore_latest(ckpt, state, shardings)
-  data_state = {}
-  if found is None and ckpt.set_aside():
-    if not allow_fresh_start:
-      raise ckpt.all_corrupt_error()
-    print(
-      f'{task.name}: every checkpoint was unreadable (kept as '
-      f'{", ".join(ckpt.set_aside())}); training from step 0 as asked.',
-      flush=True,
-    )
-  if found is not None:
-    state, data_state, start = found
-    data_state = data_state or {}
-    print(f'{task.name}: resumed from step {start} in {workdir}', flush=True)
-  else:
-    start = 0
-    if restore is not None:
-      state = restore(state, shardings)
-  if config_record is not None and is_main:
-    metrics_lib.write_json(os.path.join(workdir, 'config.json'), config_record)
-  wall_before = float(data_state.get('wall_s', 0.0))
-  early_step = int(data_state.get('early_stop_step', -1))
-  iterator = task.batches(start)
-  if hasattr(iterator, 'set_state') and found is not None:
-    # Checkpoints written before the shared loop held the iterator state
-    # itself, not under 'iterator'.
-    it_state = data_state.get('iterator')
-    if it_state is None and 'batches' not in data_state:
-      it_state = data_state or None
-    if it_state:
-      iterator.set_state(it_state)
-  writer = metrics_lib.MetricsWriter(
-    workdir, enabled=is_main, config=config_record
-  )
-  if is_main:
-    writer.drop_after(start)
-  step_fn = _step_fn(task, cfg, tx, shardings, mesh)
-  sharding = batch_sharding(mesh)
-  num_params = count_params(state.params)
-  stop_at = cfg.num_steps
-  if cfg.halt_after_steps:
-    stop_at = min(stop_at, start + cfg.halt_after_steps)
-  if early_step > 0:  # A run that stopped early stays stopped.
-    stop_at = start
-  if task.header and start < stop_at:
-    print(f'{task.header} | steps {start}->{cfg.num_steps}', flush=True)
-  progress = None
-  step, last_saved = start, (start if found is not None else 0)
-  timed_from, train_seconds, tokens_per_step = start, 0.0, task.tokens_per_step
-  status, bad = 'ok', -1
-  window, window_len = None, 0
+@dataclasses.dataclass
+class _Loop:
+  """One call of `fit` with the lock held and the checkpointer open:
+  `setup` (restore or initialise), `train` (the steps, each followed by
+  its log / eval / checkpoint hooks), `result` (summary.json)."""
 
-  def save(at, *, force=False):
-    nonlocal last_saved
-    wall = wall_before + time.perf_counter() - wall0
-    ckpt.save(
-      at, state, _data_state(iterator, at, wall, early_step), force=force
-    )
-    last_saved = at
+  task: Task
+  cfg: TrainerConfig
+  display: Display
+  workdir: str
+  ckpt: Checkpointer
+  writer: metrics_lib.MetricsWriter
+  state: TrainState
+  schedule: Callable
+  step_fn: Callable
+  sharding: Any
+  iterator: Any
+  wall0: float
+  wall_before: float
+  start: int
+  stop_at: int
+  last_saved: int
+  early_step: int
+  num_params: int
+  step: int = 0
+  status: str = 'ok'
+  bad: int = -1
+  preempted_by: str | None = None  # The signal that stopped the run.
+  late_signal: bool = False  # ... after its last step (during the save).
+  train_seconds: float = 0.0
+  timed_from: int = 0
+  tokens_per_step: int = 0
+  progress: Any = None
+  window: Any = None
+  window_len: int = 0
 
-  def check_finite() -> bool:
-    nonlocal status, bad
-    bad = int(state.bad_step)
-    if bad >= 0:
-      status = 'nan'
-      writer.write(step, 'train', {'bad_step': bad})
-      print(_diverged_message(task, bad, last_saved, ckpt.directory))
-    return bad < 0
+  # ------------------------------------------------------- setup / restore
 
-  with _Interrupts() as interrupts:
-    t_mark = time.perf_counter()
-    while step < stop_at:
-      host_batch = next(iterator)
-      if task.check_batch is not None:
-        task.check_batch(host_batch)
-      if progress is None:
-        if not tokens_per_step:
-          first = np.asarray(jax.tree.leaves(host_batch)[0])
-          tokens_per_step = int(first.size) * jax.process_count()
-        progress = metrics_lib.Progress(cfg.num_steps, tokens_per_step)
-        progress.start(start)
-      state, step_metrics = step_fn(state, _to_device(host_batch, sharding))
-      if task.log_window_mean:  # Summed on device; no sync per step.
-        window = (
-          step_metrics
-          if window is None
-          else jax.tree.map(jnp.add, window, step_metrics)
-        )
-        window_len += 1
-      step += 1
-      if step == start + 1:  # Exclude compilation from the throughput.
-        jax.block_until_ready(state)
-        t_mark, timed_from = time.perf_counter(), step
-        progress.compiled(step)  # ... and from the rate and ETA shown.
-      last = step == stop_at
-      is_log = step % cfg.log_every == 0 or last
-      is_eval = task.evaluate is not None and (
-        (cfg.eval_every and step % cfg.eval_every == 0)
-        or (cfg.eval_at_end and step == cfg.num_steps)
+  @classmethod
+  def setup(
+    cls,
+    task,
+    cfg,
+    display,
+    workdir,
+    mesh,
+    built,
+    ckpt,
+    wall0,
+    config_record,
+    restore,
+    allow_fresh_start,
+  ) -> _Loop:
+    """Restores the newest checkpoint (or initialises, or warm-starts),
+    writes config.json and positions the batches."""
+    is_main = jax.process_index() == 0
+    state = built.state
+    found = restore_latest(ckpt, state, built.shardings)
+    data_state = {}
+    if found is None and ckpt.set_aside():
+      if not allow_fresh_start:
+        raise ckpt.all_corrupt_error()
+      print(
+        f'{display.name}: every checkpoint was unreadable (kept as '
+        f'{", ".join(ckpt.set_aside())}); training from step 0 as asked.',
+        flush=True,
       )
-      is_ckpt = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
-      interrupted = interrupts.requested is not None
-      if (is_log or is_eval or is_ckpt or interrupted) and not check_finite():
-        break
-      if is_log:
-        if task.log_window_mean:
-          step_metrics = jax.tree.map(lambda v, n=window_len: v / n, window)
-          window, window_len = None, 0
-        shown = {k: step_metrics[k] for k in task.shown if k in step_metrics}
-        rate = progress.report(step, shown, extra='')
-        record = {k: float(v) for k, v in step_metrics.items()}
-        record['learning_rate'] = float(schedule(step - 1))
-        record.update(rate)
-        writer.write(step, 'train', record)
-      stop = False
-      if is_eval:
-        ev = task.evaluate(eval_params(state, cfg.eval_uses_ema), step)
-        writer.write(step, 'validation', ev)
-        if task.describe_eval is not None:
-          print(f'  eval step {step}: {task.describe_eval(ev)}', flush=True)
-        state, stop = task.after_eval(state, ev, step)
-        if stop and step < cfg.num_steps:
-          early_step = step
-          print(f'{task.name}: early stop at step {step}', flush=True)
-      if is_ckpt or interrupted or early_step > 0:
-        save(step)
-      if interrupted:
-        print(
-          f'{interrupts.requested}: saved checkpoint at step {step}; exiting.',
-          flush=True,
-        )
-        ckpt.wait()
-        writer.close()
-        return {'preempted_at_step': step, 'status': 'preempted'}
-      if early_step > 0:
-        break
-    train_seconds = time.perf_counter() - t_mark
-    # The final save finishes even if a signal comes now (the flag is
-    # read below and the final evaluation/sampling is skipped).
-    if status == 'ok' and check_finite() and step != last_saved:
-      save(step, force=True)
-    ckpt.wait()
-  late_signal = interrupts.requested
-  wall_total = wall_before + time.perf_counter() - wall0
-  result = FitResult(
-    state=state,
-    config=cfg,
-    workdir=workdir,
-    start_step=start,
-    step=step,
-    status=status,
-    finished=status == 'ok' and (step >= cfg.num_steps or early_step > 0),
-    early_stop_step=early_step,
-    bad_step=bad,
-    train_seconds=train_seconds,
-    tokens_per_sec=(step - timed_from)
-    * (tokens_per_step or 0)
-    / max(train_seconds, 1e-9),
-    wall_seconds_total=wall_total,
-    writer=writer,
-    num_params=num_params,
+    if found is not None:
+      state, data_state, start = found
+      data_state = data_state or {}
+      print(
+        f'{display.name}: resumed from step {start} in {workdir}', flush=True
+      )
+    else:
+      start = 0
+      if restore is not None:
+        state = restore(state, built.shardings)
+    if config_record is not None and is_main:
+      metrics_lib.write_json(
+        os.path.join(workdir, 'config.json'), config_record
+      )
+    early_step = int(data_state.get('early_stop_step', -1))
+    iterator = task.batches(start)
+    if hasattr(iterator, 'set_state') and found is not None:
+      # Checkpoints written before the shared loop held the iterator state
+      # itself, not under 'iterator'.
+      it_state = data_state.get('iterator')
+      if it_state is None and 'batches' not in data_state:
+        it_state = data_state or None
+      if it_state:
+        iterator.set_state(it_state)
+    writer = metrics_lib.MetricsWriter(
+      workdir, enabled=is_main, config=config_record
+    )
+    if is_main:
+      writer.drop_after(start)
+    stop_at = cfg.num_steps
+    if cfg.halt_after_steps:
+      stop_at = min(stop_at, start + cfg.halt_after_steps)
+    if early_step > 0:  # A run that stopped early stays stopped.
+      stop_at = start
+    if display.header and start < stop_at:
+      print(f'{display.header} | steps {start}->{cfg.num_steps}', flush=True)
+    return cls(
+      task=task,
+      cfg=cfg,
+      display=display,
+      workdir=workdir,
+      ckpt=ckpt,
+      writer=writer,
+      state=state,
+      schedule=built.schedule,
+      step_fn=_step_fn(task, cfg, built.tx, built.shardings, mesh),
+      sharding=batch_sharding(mesh),
+      iterator=iterator,
+      wall0=wall0,
+      wall_before=float(data_state.get('wall_s', 0.0)),
+      start=start,
+      stop_at=stop_at,
+      last_saved=start if found is not None else 0,
+      early_step=early_step,
+      num_params=count_params(state.params),
+      step=start,
+      timed_from=start,
+      tokens_per_step=display.tokens_per_step,
+    )
+
+  # ------------------------------------------------------------ the steps
+
+  def train(self):
+    """Steps until stop_at, an early stop, a non-finite step or a signal;
+    then the final checkpoint."""
+    with _Interrupts() as interrupts:
+      t_mark = time.perf_counter()
+      while self.step < self.stop_at:
+        metrics = self._one_step()
+        if self.step == self.start + 1:  # Compiled and run once: timed
+          t_mark = time.perf_counter()  # from here on.
+        if not self._after_step(metrics, interrupts.requested):
+          break
+      self.train_seconds = time.perf_counter() - t_mark
+      # The final save finishes even if a signal comes now (the flag is
+      # read below and the final evaluation/sampling is skipped).
+      if self.preempted_by is None:
+        if (
+          self.status == 'ok'
+          and self._check_finite()
+          and self.step != self.last_saved
+        ):
+          self._save(self.step, force=True)
+      self.ckpt.wait()
+    if self.preempted_by is None and interrupts.requested is not None:
+      self.preempted_by = interrupts.requested
+      self.late_signal = True
+
+  def _one_step(self) -> dict:
+    """One optimiser step on the next batch; returns its metrics."""
+    host_batch = next(self.iterator)
+    if self.task.check_batch is not None:
+      self.task.check_batch(host_batch)
+    if self.progress is None:
+      if not self.tokens_per_step:
+        first = np.asarray(jax.tree.leaves(host_batch)[0])
+        self.tokens_per_step = int(first.size) * jax.process_count()
+      self.progress = metrics_lib.Progress(
+        self.cfg.num_steps, self.tokens_per_step
+      )
+      self.progress.start(self.start)
+    batch = _to_device(host_batch, self.sharding)
+    self.state, metrics = self.step_fn(self.state, batch)
+    if self.display.log_window_mean:  # Summed on device; no sync per step.
+      self.window = (
+        metrics
+        if self.window is None
+        else jax.tree.map(jnp.add, self.window, metrics)
+      )
+      self.window_len += 1
+    self.step += 1
+    if self.step == self.start + 1:  # Exclude compilation from throughput.
+      jax.block_until_ready(self.state)
+      self.timed_from = self.step
+      self.progress.compiled(self.step)  # ... and from the rate and ETA.
+    return metrics
+
+  # -------------------------------------------- log / eval / checkpoint
+
+  def _after_step(self, metrics: dict, signal_name: str | None) -> bool:
+    """The hooks after a step: log, evaluate, checkpoint, stop on a
+    signal. False ends the loop."""
+    cfg, step = self.cfg, self.step
+    is_log = step % cfg.log_every == 0 or step == self.stop_at
+    is_eval = self.task.evaluate is not None and (
+      (cfg.eval_every and step % cfg.eval_every == 0)
+      or (cfg.eval_at_end and step == cfg.num_steps)
+    )
+    is_ckpt = cfg.checkpoint_every and step % cfg.checkpoint_every == 0
+    interrupted = signal_name is not None
+    checks = is_log or is_eval or is_ckpt or interrupted
+    if checks and not self._check_finite():
+      return False
+    if is_log:
+      self._log(metrics)
+    if is_eval:
+      self._evaluate()
+    if is_ckpt or interrupted or self.early_step > 0:
+      self._save(step)
+    if interrupted:
+      print(
+        f'{signal_name}: saved checkpoint at step {step}; exiting.',
+        flush=True,
+      )
+      self.preempted_by = signal_name
+      return False
+    return self.early_step <= 0
+
+  def _log(self, metrics: dict):
+    if self.display.log_window_mean:
+      n = self.window_len
+      metrics = jax.tree.map(lambda v: v / n, self.window)
+      self.window, self.window_len = None, 0
+    shown = {k: metrics[k] for k in self.display.shown if k in metrics}
+    rate = self.progress.report(self.step, shown, extra='')
+    record = {k: float(v) for k, v in metrics.items()}
+    record['learning_rate'] = float(self.schedule(self.step - 1))
+    record.update(rate)
+    self.writer.write(self.step, 'train', record)
+
+  def _evaluate(self):
+    step = self.step
+    params = eval_params(self.state, self.cfg.eval_uses_ema)
+    ev = self.task.evaluate(params, step)
+    self.writer.write(step, 'validation', ev)
+    if self.display.describe_eval is not None:
+      print(f'  eval step {step}: {self.display.describe_eval(ev)}', flush=True)
+    self.state, stop = self.task.after_eval(self.state, ev, step)
+    if stop and step < self.cfg.num_steps:
+      self.early_step = step
+      print(f'{self.display.name}: early stop at step {step}', flush=True)
+
+  def _save(self, at: int, *, force: bool = False):
+    wall = self.wall_before + time.perf_counter() - self.wall0
+    data = {'batches': at, 'wall_s': wall, 'early_stop_step': self.early_step}
+    if hasattr(self.iterator, 'get_state'):
+      data['iterator'] = self.iterator.get_state()
+    self.ckpt.save(at, self.state, data, force=force)
+    self.last_saved = at
+
+  def _check_finite(self) -> bool:
+    self.bad = int(self.state.bad_step)
+    if self.bad >= 0:
+      self.status = 'nan'
+      self.writer.write(self.step, 'train', {'bad_step': self.bad})
+      print(self.diverged_message())
+    return self.bad < 0
+
+  def diverged_message(self) -> str:
+    return _diverged_message(
+      self.display.name, self.bad, self.last_saved, self.ckpt.directory
+    )
+
+  # -------------------------------------------------------------- finish
+
+  def result(self) -> FitResult:
+    """The run's FitResult; summary.json written (unless a signal stopped
+    it mid-run: the restart writes it)."""
+    step = self.step
+    if self.preempted_by is not None and not self.late_signal:
+      summary = {'preempted_at_step': step, 'status': 'preempted'}
+      return self._as_result('preempted', summary)
+    finished = self.status == 'ok' and (
+      step >= self.cfg.num_steps or self.early_step > 0
+    )
+    tokens_per_sec = (
+      (step - self.timed_from)
+      * (self.tokens_per_step or 0)
+      / max(self.train_seconds, 1e-9)
+    )
+    summary = {
+      'status': self.status,
+      'num_params': self.num_params,
+      'start_step': self.start,
+      'steps': step,
+      'num_steps': self.cfg.num_steps,
+      'finished': finished,
+      'early_stop_step': self.early_step,
+      'bad_step': self.bad,
+      'train_seconds': self.train_seconds,
+      'train_tokens_per_sec': tokens_per_sec,
+    }
+    status = self.status
+    if self.late_signal:
+      # A signal during the last save: it is complete; the final phase is
+      # left for the restart.
+      _say_final_phase_cut(self.preempted_by, step)
+      status = 'preempted'
+      summary.update(status=status, preempted_at_step=step)
+    summary['wall_seconds'] = time.perf_counter() - self.wall0
+    if jax.process_index() == 0:
+      metrics_lib.write_json(
+        os.path.join(self.workdir, 'summary.json'), summary
+      )
+    return self._as_result(status, summary, finished, tokens_per_sec)
+
+  def _as_result(self, status, summary, finished=False, tokens_per_sec=0.0):
+    return FitResult(
+      state=self.state,
+      config=self.cfg,
+      workdir=self.workdir,
+      start_step=self.start,
+      step=self.step,
+      status=status,
+      finished=finished,
+      early_stop_step=self.early_step,
+      bad_step=self.bad,
+      train_seconds=self.train_seconds,
+      tokens_per_sec=tokens_per_sec,
+      wall_seconds_total=(self.wall_before + time.perf_counter() - self.wall0),
+      num_params=self.num_params,
+      summary=summary,
+      writer=self.writer,
+    )
+
+
+def _say_final_phase_cut(signal_name: str, step: int):
+  print(
+    f'{signal_name} during the final evaluation/sampling at step {step}: '
+    'the checkpoint is saved; exiting (run again to finish).',
+    flush=True,
   )
-  summary = {
-    'status': status,
-    'num_params': num_params,
-    'start_step': start,
-    'steps': step,
-    'num_steps': cfg.num_steps,
-    'finished': result.finished,
-    'early_stop_step': early_step,
-    'bad_step': bad,
-    'train_seconds': train_seconds,
-    'train_tokens_per_sec': result.tokens_per_sec,
-  }
+
+
+def finish(
+  result: FitResult,
+  final: Callable[[FitResult, metrics_lib.MetricsWriter], dict],
+) -> dict:
+  """Runs a task's final phase after `fit` returned; returns the summary.
+
+  `final(result, writer)` computes the final scores (final evaluation,
+  test accuracy, samples), may write records through `writer` (the run's
+  metrics.jsonl and log backends), and returns entries for summary.json,
+  which is rewritten with them. It does not run when a signal stopped the
+  run. A SIGTERM / SIGINT during it stops it at once: the summary then
+  says 'preempted' (the final checkpoint is saved, so a restart redoes
+  only this phase). The result's writer is closed here, so every task
+  that calls `fit` calls `finish` once (`lambda result, writer: {}` for a
+  task without a final phase).
+  """
+  writer = result.writer
+  if result.status == 'preempted':
+    writer.close()
+    return result.summary
+  t0 = time.perf_counter()
+  summary = dict(result.summary)
+  is_main = jax.process_index() == 0
   try:
     with _Interrupts(abort=True):
-      if late_signal is not None:
-        raise _PreemptedError(late_signal)
-      summary.update(task.summary(result))
+      summary.update(final(result, writer))
   except _PreemptedError as stop:
-    # The final evaluation/sampling was cut short; the final checkpoint is
-    # saved, so a restart redoes only this phase.
-    print(
-      f'{stop.args[0]} during the final evaluation/sampling at step {step}: '
-      'the checkpoint is saved; exiting (run again to finish).',
-      flush=True,
-    )
-    summary.update(status='preempted', preempted_at_step=step)
-  summary['wall_seconds'] = time.perf_counter() - wall0
-  writer.close()
+    _say_final_phase_cut(stop.args[0], result.step)
+    summary.update(status='preempted', preempted_at_step=result.step)
+  finally:
+    writer.close()
+  summary['wall_seconds'] = (
+    result.summary.get('wall_seconds', 0.0) + time.perf_counter() - t0
+  )
   if is_main:
-    metrics_lib.write_json(os.path.join(workdir, 'summary.json'), summary)
-  if status == 'nan':
-    raise TrainingDivergedError(
-      _diverged_message(task, bad, last_saved, ckpt.directory), summary
-    )
+    path = os.path.join(result.workdir, 'summary.json')
+    metrics_lib.write_json(path, summary)
   return summary

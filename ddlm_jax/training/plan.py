@@ -530,10 +530,13 @@ def finish(result: dict, num_steps, peak_remat, remat: bool, accum: int):
   return result
 
 
-def plan_task(task, trainer_config, mesh, label: str = '') -> dict:
+def plan_task(
+  task, trainer_config, mesh, label: str = '', tokens_per_step: int = 0
+) -> dict:
   """The plan of any loop task (`ddlm_jax.training.fit.Task`): its train
   step compiled on `mesh` for the shapes of its first batch (read from the
-  task's own stream, which for the synthetic tasks costs nothing)."""
+  task's own stream, which for the synthetic tasks costs nothing).
+  `tokens_per_step` (0: batch x length of the first array) sets tokens/s."""
   from ddlm_jax.training.optimizer import optimizer_from_config
 
   tx, _ = optimizer_from_config(
@@ -565,10 +568,11 @@ def plan_task(task, trainer_config, mesh, label: str = '') -> dict:
     mesh,
     accum_steps=trainer_config.grad_accum_steps,
     weight=task.weight,
+    uses_step=task.uses_step,
   )
   compiled = step.lower(state, batch).compile()
   leading = next(iter(batch.values())).shape
-  tokens = task.tokens_per_step or int(math.prod(leading[:2]))
+  tokens = tokens_per_step or int(math.prod(leading[:2]))
   result = step_report(
     compiled,
     state,
@@ -578,7 +582,7 @@ def plan_task(task, trainer_config, mesh, label: str = '') -> dict:
     batch_size=leading[0],
     accum_steps=trainer_config.grad_accum_steps,
   )
-  result['label'] = label or task.name
+  result['label'] = label
   finish(
     result,
     trainer_config.num_steps,
@@ -737,7 +741,14 @@ def plan_config(config, devices: int | None = None, sections=None) -> dict:
     from ddlm_jax.tasks import state_tracking
 
     task = state_tracking.state_tracking_task(config)
-    return plan_task(task, state_tracking.trainer_config(config), mesh)
+    display = state_tracking.display(config)
+    return plan_task(
+      task,
+      state_tracking.trainer_config(config),
+      mesh,
+      display.name,
+      display.tokens_per_step,
+    )
   for name, batch in (
     ('train.batch_size', config.train.batch_size),
     ('eval.batch_size', config.eval.batch_size),
@@ -777,14 +788,14 @@ def plan_roles(config, mesh) -> dict:
         yield pt._role_batch(role, raw, plan_len, task_name)
 
     task = Task(
-      name=role,
       init=lambda _, params=params: params,
       loss=pt.role_loss(
         role, graphdef, plan_len, config.planner.loss_type, task_name
       ),
       batches=batches,
     )
-    roles[role] = plan_task(task, pt.stage_trainer_config(config, key), mesh)
+    trainer = pt.stage_trainer_config(config, key)
+    roles[role] = plan_task(task, trainer, mesh, role)
   return {'kind': 'planner_executor', 'roles': roles}
 
 

@@ -71,7 +71,6 @@ def lm_loss(graphdef, process: Process):
       step=None if step_B is None else step_B[0],
     )
 
-  loss.wants_step = process.uses_step
   return loss
 
 
@@ -163,15 +162,17 @@ def train_step(
   ema_decay: float,
   accum_steps: int = 1,
   weight=batch_size_weight,
+  uses_step: bool = False,
 ):
   """One optimiser step of loss(params, key, batch) -> (loss, metrics).
 
   A non-finite loss, gradient or updated parameter freezes the state (no
   update from that step on) and records the step in state.bad_step, so
-  nothing non-finite can ever be saved.
+  nothing non-finite can ever be saved. `uses_step` gives the loss the
+  global step as batch['step'] (a process's declared `uses_step`).
   """
   rng, key = jax.random.split(state.rng)
-  if getattr(loss, 'wants_step', False):
+  if uses_step:
     # Per sequence, so that micro-batching splits it like any batch leaf.
     size = jax.tree.leaves(batch)[0].shape[0]
     batch = {**batch, 'step': jnp.full((size,), state.step, jnp.int32)}
@@ -216,6 +217,7 @@ def jit_step(
   *,
   accum_steps: int = 1,
   weight=batch_size_weight,
+  uses_step: bool = False,
   compiler_options=None,
 ):
   """train_step under jit with explicit shardings and a donated state.
@@ -230,6 +232,7 @@ def jit_step(
     ema_decay=ema_decay,
     accum_steps=accum_steps,
     weight=weight,
+    uses_step=uses_step,
   )
   return jax.jit(
     step,
@@ -259,6 +262,7 @@ def jit_train_step(
     mesh,
     accum_steps=accum_steps,
     weight=lm_weight,
+    uses_step=process.uses_step,
   )
 
 
