@@ -8,10 +8,9 @@ import os
 
 import ml_collections
 
-from ddlm_jax.tasks import language_model, state_tracking
+from ddlm_jax.tasks import language_model, plans, state_tracking
 from ddlm_jax.tasks.language_model import load_config
 from ddlm_jax.tasks.planner import run_planner_executor
-from ddlm_jax.training import plan
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.faults import read_json
 
@@ -80,7 +79,7 @@ def run(
   """
   kind = check_mode(config, mode)
   if mode == 'plan':  # In-process: the devices this process already has.
-    return plan.write_plan(config, workdir)
+    return plans.write_plan(config, workdir)
   if kind == 'state_tracking':
     if mode == 'eval':
       return state_tracking.evaluate_checkpoint(config, workdir)

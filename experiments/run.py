@@ -28,7 +28,8 @@ from ml_collections import config_flags
 
 from ddlm_jax.evaluation.sample_run import name_samples
 from ddlm_jax.parallel import initialize_distributed, keep_freed_memory
-from ddlm_jax.training import faults, plan
+from ddlm_jax.tasks import plans
+from ddlm_jax.training import faults
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
 from ddlm_jax.training.progress import mode_summary
@@ -153,7 +154,7 @@ def main(argv):
     keep_freed_memory()  # Before JAX starts its threads; host_memory.py.
     check_mode(config, mode)  # Before the distributed start-up.
     if mode == 'plan':  # Compiles on fake devices; trains nothing.
-      plan.launch(config, workdir, _DEVICES.value)
+      plans.launch(config, workdir, _DEVICES.value)
       return
     name_samples(config, workdir, _NAME.value)  # Refuses a taken name.
     initialize_distributed()

@@ -276,18 +276,25 @@ def test_private_names_stay_in_their_module(tmp_path):
 # sampler or the trainer, which is what keeps it two files and no edits.
 LOWER = ('diffusion', 'models', 'data', 'parallel')
 UPPER = ('sampling', 'evaluation', 'training', 'tasks', 'interop', 'planning')
+# The tasks (what is trained: language models, state tracking, the planner
+# stages) sit on the generic machinery: the loop, the samplers, the
+# evaluators and the planning pipelines know no task, so a new task is a
+# new module in `tasks` and no edit below it.
+GENERIC = ('training', 'evaluation', 'sampling', 'planning', *LOWER)
+TASKS = ('tasks',)
 
 
-def layer_violations(raw, modules, root=ROOT):
-  """'path:line imports X' for each foundation module importing upward."""
+def layer_violations(raw, modules, root=ROOT, lower=LOWER, upper=UPPER):
+  """'path:line imports X' for each module of a `lower` package of
+  ddlm_jax importing from an `upper` one."""
   bad = []
   for module, found in raw.items():
     parts = module.split('.')
-    if parts[0] != 'ddlm_jax' or len(parts) < 2 or parts[1] not in LOWER:
+    if parts[0] != 'ddlm_jax' or len(parts) < 2 or parts[1] not in lower:
       continue
     for target, line in found:
       tparts = target.split('.')
-      if tparts[0] == 'ddlm_jax' and len(tparts) > 1 and tparts[1] in UPPER:
+      if tparts[0] == 'ddlm_jax' and len(tparts) > 1 and tparts[1] in upper:
         path = modules[module][0].relative_to(root)
         bad.append(f'{path}:{line} imports {target}')
   return bad
@@ -297,6 +304,27 @@ def test_foundation_layers_import_nothing_above_them():
   _, _, raw, modules = import_graph()
   bad = layer_violations(raw, modules)
   assert not bad, 'foundation layer imports an upper layer:\n' + '\n'.join(bad)
+
+
+def test_the_generic_layers_import_no_task():
+  _, _, raw, modules = import_graph()
+  bad = layer_violations(raw, modules, lower=GENERIC, upper=TASKS)
+  assert not bad, 'a generic layer imports a task:\n' + '\n'.join(bad)
+
+
+def test_task_rule_catches_the_loop_importing_a_task(tmp_path):
+  pkg = tmp_path / 'ddlm_jax'
+  for sub in ('training', 'tasks'):
+    (pkg / sub).mkdir(parents=True)
+    (pkg / sub / '__init__.py').write_text('')
+  (pkg / '__init__.py').write_text('')
+  (pkg / 'training' / 'fit.py').write_text(
+    'def f():\n  from ddlm_jax.tasks import lm\n'
+  )
+  (pkg / 'tasks' / 'lm.py').write_text('from ddlm_jax.training import fit\n')
+  _, _, raw, modules = import_graph(tmp_path, ('ddlm_jax',))
+  bad = layer_violations(raw, modules, tmp_path, GENERIC, TASKS)
+  assert bad == ['ddlm_jax/training/fit.py:2 imports ddlm_jax.tasks.lm']
 
 
 def test_layer_rule_catches_a_planted_upward_import(tmp_path):

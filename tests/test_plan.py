@@ -20,6 +20,7 @@ import pytest
 from ddlm_jax.diffusion import MaskedDiffusion, get_schedule
 from ddlm_jax.models import Transformer, TransformerConfig
 from ddlm_jax.parallel import make_mesh
+from ddlm_jax.tasks import plans
 from ddlm_jax.training import plan as plan_lib
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.optimizer import make_optimizer
@@ -187,7 +188,7 @@ def test_vocab_is_known_without_data():
 
 def test_plan_of_a_config_compiles_every_program(tmp_path):
   config = _smoke('bd3_lm1b', '16,smoke')
-  plan = plan_lib.write_plan(config, str(tmp_path), 2)
+  plan = plans.write_plan(config, str(tmp_path), 2)
   assert plan['settings']['vocab'] == 512
   assert plan['devices'] == 2
   assert plan['eval_step']['flops'] > 0
@@ -210,10 +211,10 @@ def test_plan_refuses_bad_device_counts():
   with config.unlocked():
     config.mesh.shape = (2, 2, 1)
   with pytest.raises(ConfigError, match='disagrees'):
-    plan_lib.devices_needed(config, 8)
-  assert plan_lib.devices_needed(config, None) == 4
+    plans.devices_needed(config, 8)
+  assert plans.devices_needed(config, None) == 4
   with pytest.raises(ConfigError, match='does not split'):
-    plan_lib.plan_config(_smoke(), 3)
+    plans.plan_config(_smoke(), 3)
 
 
 @pytest.mark.slow
@@ -263,8 +264,8 @@ def test_plan_of_a_state_tracking_config(tmp_path):
   from experiments.configs import state_tracking
 
   config = state_tracking.get_config('pdssm,parity,smoke')
-  assert plan_lib.devices_needed(config, None) == 1
-  plan = plan_lib.write_plan(config, str(tmp_path))
+  assert plans.devices_needed(config, None) == 1
+  plan = plans.write_plan(config, str(tmp_path))
   assert plan['devices'] == 1
   assert plan['flops']['train_step'] > 0
   mem = plan['memory_per_device']
@@ -324,7 +325,7 @@ def test_plan_of_a_planner_executor_config(tmp_path):
   from experiments.configs import planner_executor
 
   config = planner_executor.get_config('latent,smoke')
-  plan = plan_lib.write_plan(config, str(tmp_path))
+  plan = plans.write_plan(config, str(tmp_path))
   assert plan['roles']
   for role, p in plan['roles'].items():
     assert p['flops']['train_step'] > 0, role
