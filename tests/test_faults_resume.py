@@ -19,7 +19,6 @@ import pytest
 
 from ddlm_jax.tasks import language_model as lm
 from ddlm_jax.tasks import state_tracking as st_task
-from ddlm_jax.tasks.language_model import load_run
 from experiments.configs import (
   ar_quickstart,
   bd3_quickstart,
@@ -108,11 +107,9 @@ def test_lm_resume_reproduces_state_and_metrics(tmp_path, case):
   resumed = lm.train_and_evaluate(config(), part)
   assert resumed['start_step'] == 3 and resumed['finished']
   _same_records(_records(part), _records(full))
-  got, ref = load_run(part), load_run(full)
-  _same_leaves(got.state.params, ref.state.params)
-  _same_leaves(got.state.opt_state, ref.state.opt_state)
-  got.close()
-  ref.close()
+  got, ref = lm.restore_state(part), lm.restore_state(full)
+  _same_leaves(got.params, ref.params)
+  _same_leaves(got.opt_state, ref.opt_state)
 
 
 @pytest.mark.slow

@@ -568,6 +568,17 @@ def load_run(workdir: str, overrides: dict | None = None) -> Run:
   return run
 
 
+def restore_state(workdir: str, overrides: dict | None = None):
+  """The newest checkpoint's whole train state (optimizer moments and EMA
+  too), for tools that compare or inspect training; readers that score or
+  sample use load_run, which restores the parameters alone."""
+  run = Run(load_config(workdir, overrides), workdir)
+  try:
+    return fit.restore_newest(run.task(), run.trainer_config, workdir)
+  finally:
+    run.close()
+
+
 # ----------------------------------------------------------------- modes
 
 
