@@ -408,6 +408,43 @@ def fit(
   return result
 
 
+def _resume(ckpt, built, name, workdir, restore, allow_fresh_start):
+  """(state, data_state, start step, resumed): the newest readable
+  checkpoint, else the fresh state (warm-started by `restore`)."""
+  found = restore_latest(ckpt, built.state, built.shardings)
+  if found is None and ckpt.set_aside():
+    if not allow_fresh_start:
+      raise ckpt.all_corrupt_error()
+    print(
+      f'{name}: every checkpoint was unreadable (kept as '
+      f'{", ".join(ckpt.set_aside())}); training from step 0 as asked.',
+      flush=True,
+    )
+  if found is not None:
+    state, data_state, start = found
+    print(f'{name}: resumed from step {start} in {workdir}', flush=True)
+    return state, data_state or {}, start, True
+  state = built.state
+  if restore is not None:
+    state = restore(state, built.shardings)
+  return state, {}, 0, False
+
+
+def _batches_from(task, start: int, data_state: dict | None):
+  """The task's batches from `start`; a resumed iterator with state (grain)
+  gets the checkpointed one (`data_state` None: a fresh run)."""
+  iterator = task.batches(start)
+  if hasattr(iterator, 'set_state') and data_state is not None:
+    # Checkpoints written before the shared loop held the iterator state
+    # itself, not under 'iterator'.
+    it_state = data_state.get('iterator')
+    if it_state is None and 'batches' not in data_state:
+      it_state = data_state or None
+    if it_state:
+      iterator.set_state(it_state)
+  return iterator
+
+
 @dataclasses.dataclass
 class _Loop:
   """One call of `fit` with the lock held and the checkpointer open:
@@ -464,41 +501,15 @@ class _Loop:
     """Restores the newest checkpoint (or initialises, or warm-starts),
     writes config.json and positions the batches."""
     is_main = jax.process_index() == 0
-    state = built.state
-    found = restore_latest(ckpt, state, built.shardings)
-    data_state = {}
-    if found is None and ckpt.set_aside():
-      if not allow_fresh_start:
-        raise ckpt.all_corrupt_error()
-      print(
-        f'{display.name}: every checkpoint was unreadable (kept as '
-        f'{", ".join(ckpt.set_aside())}); training from step 0 as asked.',
-        flush=True,
-      )
-    if found is not None:
-      state, data_state, start = found
-      data_state = data_state or {}
-      print(
-        f'{display.name}: resumed from step {start} in {workdir}', flush=True
-      )
-    else:
-      start = 0
-      if restore is not None:
-        state = restore(state, built.shardings)
+    state, data_state, start, resumed = _resume(
+      ckpt, built, display.name, workdir, restore, allow_fresh_start
+    )
     if config_record is not None and is_main:
       metrics_lib.write_json(
         os.path.join(workdir, 'config.json'), config_record
       )
     early_step = int(data_state.get('early_stop_step', -1))
-    iterator = task.batches(start)
-    if hasattr(iterator, 'set_state') and found is not None:
-      # Checkpoints written before the shared loop held the iterator state
-      # itself, not under 'iterator'.
-      it_state = data_state.get('iterator')
-      if it_state is None and 'batches' not in data_state:
-        it_state = data_state or None
-      if it_state:
-        iterator.set_state(it_state)
+    iterator = _batches_from(task, start, data_state if resumed else None)
     writer = metrics_lib.MetricsWriter(
       workdir, enabled=is_main, config=config_record
     )
@@ -527,7 +538,7 @@ class _Loop:
       wall_before=float(data_state.get('wall_s', 0.0)),
       start=start,
       stop_at=stop_at,
-      last_saved=start if found is not None else 0,
+      last_saved=start if resumed else 0,
       early_step=early_step,
       num_params=count_params(state.params),
       step=start,
