@@ -460,3 +460,26 @@ def test_kill_9_at_random_moments_ends_like_an_uninterrupted_run(tmp_path):
   assert steps_logged == sorted(set(steps_logged))
   got.close()
   ref_ck.close()
+
+
+def test_the_final_phase_runs_after_fit_returned_and_joins_the_records(
+  tmp_path,
+):
+  result = fit.fit(_task(), _cfg(), str(tmp_path))
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    result.step = 0
+  with open(tmp_path / 'summary.json') as f:
+    assert 'final' not in json.load(f)  # Written before the final phase.
+
+  def final(res, writer):
+    writer.write(res.step, 'test', {'accuracy': 0.5})
+    return {'final': float(res.params['w'][0])}
+
+  out = fit.finish(result, final)
+  assert out['final'] == float(result.state.params['w'][0])
+  assert out['status'] == 'ok' and out['steps'] == 8
+  with open(tmp_path / 'summary.json') as f:
+    assert json.load(f)['final'] == out['final']
+  assert {'step': 8, 'split': 'test', 'accuracy': 0.5} in _records(
+    str(tmp_path)
+  )
