@@ -20,10 +20,9 @@ from ddlm_jax.diffusion.base import (
 )
 from ddlm_jax.diffusion.masked import MaskedDiffusion
 from ddlm_jax.diffusion.soft_masking import SoftMaskedDiffusion
-from ddlm_jax.interop import llama_family as imported_llama
 from ddlm_jax.models import Transformer, TransformerConfig, hybrid
 from ddlm_jax.models.attention import check_attention_impl
-from ddlm_jax.models.llama_family import LlamaFamily
+from ddlm_jax.models.backbones import get_backbone, register_backbone
 from ddlm_jax.models.soft_masking import SoftMaskedModel, SoftMaskInput
 from ddlm_jax.training.config import ConfigError, check_range
 
@@ -114,10 +113,13 @@ def check_model_sizes(model: Mapping) -> None:
     )
 
 
-def model_config(cfg, process: Process) -> TransformerConfig:
-  if cfg.get('backbone') in imported_llama.ARCHS:  # LLaDA / Dream checkpoints
-    return imported_llama.run_model_config(cfg.to_dict(), process)
-  model_keys, _ = hybrid.split_model_keys(cfg.to_dict())
+def transformer_config(model: Mapping, process: Process) -> TransformerConfig:
+  """The TransformerConfig of a config.model dict (transformer or hybrid).
+
+  The vocabulary, input vocabulary, causality and block size come from
+  the process; the hybrid's own keys are set aside (hybrid.hybrid_config).
+  """
+  model_keys, _ = hybrid.split_model_keys(dict(model))
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   kwargs = {k: v for k, v in model_keys.items() if k in fields}
   unknown = set(model_keys) - fields
@@ -137,21 +139,54 @@ def model_config(cfg, process: Process) -> TransformerConfig:
   return TransformerConfig(**kwargs)
 
 
+register_backbone(
+  'transformer',
+  transformer_config,
+  lambda mcfg, model, rngs: Transformer(mcfg, rngs=rngs),
+)
+
+
+def hybrid_base_config(model: Mapping, process: Process) -> TransformerConfig:
+  """The hybrid's TransformerConfig, its pattern and SSM keys checked."""
+  mcfg = transformer_config(model, process)
+  hybrid.hybrid_config(mcfg, dict(model))  # Refuses a bad pattern now.
+  return mcfg
+
+
+register_backbone(
+  'hybrid',
+  hybrid_base_config,
+  lambda mcfg, model, rngs: hybrid.HybridTransformer(
+    hybrid.hybrid_config(mcfg, dict(model)), rngs=rngs
+  ),
+)
+
+
+def _backbone(cfg):
+  """The registered backbone config.model names (a ConfigError if none)."""
+  try:
+    return get_backbone(cfg.get('backbone', 'transformer'))
+  except ValueError as err:
+    raise ConfigError(str(err)) from None
+
+
+def model_config(cfg, process: Process):
+  """The network config of config.model: its registered backbone's."""
+  return _backbone(cfg).config(cfg.to_dict(), process)
+
+
 def model_builder(cfg, process, soft_mask=None):
   """build(rngs) -> the network, as init_train_state expects.
 
-  The transformer or the hybrid backbone; with config.soft_mask.enabled it
-  is wrapped in the soft-masking input layer (its parameters: net/...,
-  soft_mask/r_s, r_a, r_b).
+  The registered backbone of config.model.backbone (`ddlm_jax.models.
+  backbones`); with config.soft_mask.enabled it is wrapped in the
+  soft-masking input layer (its parameters: net/..., soft_mask/r_s, r_a,
+  r_b).
   """
-  mcfg = model_config(cfg, process)
-  if cfg.get('backbone') in imported_llama.ARCHS:
-    build = lambda rngs: LlamaFamily(mcfg, rngs=rngs)
-  elif cfg.get('backbone', 'transformer') == 'hybrid':
-    hcfg = hybrid.hybrid_config(mcfg, cfg.to_dict())
-    build = lambda rngs: hybrid.HybridTransformer(hcfg, rngs=rngs)
-  else:
-    build = lambda rngs: Transformer(mcfg, rngs=rngs)
+  spec = _backbone(cfg)
+  mcfg = spec.config(cfg.to_dict(), process)
+  model = cfg.to_dict()
+  build = lambda rngs: spec.build(mcfg, model, rngs)
   if not soft_mask_enabled(soft_mask):
     return build
   sm = dict(
