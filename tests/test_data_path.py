@@ -9,6 +9,7 @@ is unchanged.
 """
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -125,3 +126,22 @@ def test_source_registry_takes_typed_settings_only():
     *source_registry.TEXT_CORPORA,
     *source_registry.CORPORA,
   }
+
+
+@pytest.mark.parametrize(
+  'key,value,message',
+  [
+    ('wrap', 'bos', "data.wrap='bos'; choose one of"),
+    ('packing', 'pad', "data.packing='pad'; choose one of"),
+    ('owt_split', 'md5', "data.owt_split='md5'; choose one of"),
+    ('seq_len', 0, 'data.seq_len=0 must be an integer >= 1'),
+    ('num_threads', 1.5, 'data.num_threads=1.5 must be an integer'),
+  ],
+)
+def test_data_settings_refuse_values_out_of_range_before_any_read(
+  key, value, message
+):
+  block = common.base_config().data.to_dict()
+  block[key] = value
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    builders.data_settings(block)

@@ -55,7 +55,7 @@ from ddlm_jax.data.pretrained import (
   load_hf_tokenizer,
   subword_tokenizer,
 )
-from ddlm_jax.data.settings import DataConfig
+from ddlm_jax.data.settings import OWT_SPLITS, DataConfig
 from ddlm_jax.data.sources import (
   PackedSplit,
   Source,
@@ -70,7 +70,6 @@ from ddlm_jax.data.tokenizers import tokenizer_fingerprint
 
 DEFAULT_TOKENIZER = 'gpt2'
 NUM_DOCUMENTS = 8_013_769
-OWT_SPLITS = ('mdlm', 'md4')
 MD4_SPLIT_SEED = 0x4D44
 _TEST_TOKENIZER_DOCS = 5_000
 

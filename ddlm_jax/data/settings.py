@@ -15,6 +15,12 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
+# Packed rows' framing, split kinds and OpenWebText's held-out rule; the
+# modules that use them (`sources`, `openwebtext`) read them from here.
+WRAPS = ('bos_eos', 'eos', 'none')
+PACKINGS = ('packed', 'padded')
+OWT_SPLITS = ('mdlm', 'md4')
+
 
 @dataclasses.dataclass(frozen=True)
 class TextFiles:
@@ -73,6 +79,23 @@ class DataConfig:
   owt_validation_fraction: float = 0.02
   num_threads: int = 1
 
+  def __post_init__(self):
+    # Refused here, before a tokenizer is fitted or downloaded.
+    for key, value, allowed in (
+      ('wrap', self.wrap, WRAPS),
+      ('packing', self.packing, PACKINGS),
+      ('owt_split', self.owt_split, OWT_SPLITS),
+    ):
+      if value not in allowed:
+        raise ValueError(f'data.{key}={value!r}; choose one of {allowed}.')
+    for key in ('seq_len', 'num_threads', 'bpe_vocab_size'):
+      value = getattr(self, key)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+          f'data.{key}={value!r} must be an integer >= 1; set '
+          f'--config.data.{key} to one.'
+        )
+
   @classmethod
   def from_dict(cls, block: Mapping[str, Any]) -> DataConfig:
     """The typed block of a plain `config.data` mapping (nested dicts).
@@ -103,4 +126,4 @@ class DataConfig:
     return cls(**values)
 
 
-__all__ = ['DataConfig', 'TextFiles']
+__all__ = ['OWT_SPLITS', 'PACKINGS', 'WRAPS', 'DataConfig', 'TextFiles']
