@@ -9,6 +9,7 @@ is unchanged.
 """
 
 import dataclasses
+import json
 import re
 
 import numpy as np
@@ -145,3 +146,17 @@ def test_data_settings_refuse_values_out_of_range_before_any_read(
   block[key] = value
   with pytest.raises(ConfigError, match=re.escape(message)):
     builders.data_settings(block)
+
+
+def test_a_workdir_saved_with_an_older_data_block_still_loads(tmp_path):
+  from ddlm_jax.training.run import load_config
+
+  saved = quickstart.get_config('smoke').to_dict()
+  saved['mesh']['shape'] = list(saved['mesh']['shape'])
+  del saved['data']['num_threads'], saved['data']['owt_validation_fraction']
+  saved['data']['batch_size'] = saved['train'].pop('batch_size')  # Old name.
+  (tmp_path / 'config.json').write_text(json.dumps(saved))
+  config = load_config(str(tmp_path))
+  got = builders.data_settings(config.data)
+  assert got.num_threads == 1 and got.seq_len == saved['data']['seq_len']
+  assert config.train.batch_size == saved['data']['batch_size']
