@@ -7,6 +7,10 @@ baselines apply `autoregressive()` to their MDLM twin. What the two
 recipes share is the papers' "small" run: a 12 x 768 transformer, global
 batch 512, 1,000,000 Adam steps at lr 3e-4 with b2 0.999 and EMA 0.9999.
 
+A config's argument (`--config=FILE:ARG`) is read by the one `parse_arg`:
+each config declares the parts it takes (`Choice`, `Flag`) and its
+presets, and a misspelt part fails naming the closest valid value.
+
 ``:smoke`` (`apply_smoke`) shrinks a config to seconds on CPU. For the paper
 configs (`apply_paper_smoke`) it keeps the data code path but reads the tiny
 real-format fixtures under ``tests/fixtures/`` (regenerate with ``python
