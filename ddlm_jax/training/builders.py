@@ -255,12 +255,18 @@ class Data:
 def prepare_data(cfg: DataConfig, workdir: str | None) -> Data:
   """The corpus's source, with the tokenizer fitted, loaded or reloaded.
 
+  `cfg` is the typed data settings; a raw config.data block is still
+  taken (read through `data_settings`) until every caller passes the
+  typed one.
+
   A tokenizer saved in workdir/tokenizer (from an earlier start of the same
   run) is reused, so a resumed run keeps its vocabulary. Dataset sources
   ('text8', 'lm1b', 'openwebtext') read their data lazily, on first use of
   a split, so a run whose tokenizer is saved can be restored for evaluation
   without its training data.
   """
+  if not isinstance(cfg, DataConfig):
+    cfg = data_settings(cfg)
   tok_dir = os.path.join(workdir, 'tokenizer') if workdir else None
   has_saved = bool(tok_dir) and os.path.exists(
     os.path.join(tok_dir, tokenizers.TOKENIZER_FILENAME)

@@ -221,9 +221,7 @@ class Run:
     if self.init_from:
       load_config(self.init_from)  # Its config.json parses (or is named).
       warm_start.copy_tokenizer(self.init_from, workdir)
-    self.data = builders.prepare_data(
-      builders.data_settings(config.data), workdir
-    )
+    self.data = builders.prepare_data(config.data, workdir)
     self.process = builders.make_process(
       self.process_settings, self.data.tokenizer.vocab_size, soft_mask
     )
