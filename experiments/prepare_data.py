@@ -24,11 +24,8 @@ flags.mark_flags_as_required(['config'])
 
 def main(argv):
   del argv
-  cfg = _CONFIG.value.data
+  cfg = builders.data_settings(_CONFIG.value.data)
   data = builders.prepare_data(cfg, None)
-  if data.source is None:
-    print(f'{cfg.corpus}: embedded corpus, nothing to prepare.')
-    return
   data.source.prepare()
   print(data.source.describe())
   for name in data.source.split_names:

@@ -130,7 +130,7 @@ def test_planner_stage_blocks_read_num_steps_and_refuse_steps():
 def test_train_batches_take_the_global_batch_from_train_block():
   c = quickstart.get_config('smoke')
   c.train.batch_size = 3
-  data = builders.prepare_data(c.data, None)
+  data = builders.prepare_data(builders.data_settings(c.data), None)
   batch = next(builders.train_batches(c, data, c.seed))
   assert batch['tokens'].shape == (3, c.data.seq_len)
 

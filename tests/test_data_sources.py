@@ -5,6 +5,7 @@ Everything runs offline on data made here or shipped under tests/fixtures/
 folder), through the same code paths as the full datasets.
 """
 
+import dataclasses
 import importlib
 import json
 import os
@@ -54,6 +55,11 @@ def _config(name, preset='smoke', **data):
   for key, value in data.items():
     c.data[key] = value
   return c
+
+
+def _settings(name, preset='smoke', **data):
+  """The typed data settings of a config, with `data` overrides."""
+  return builders.data_settings(_config(name, preset, **data).data)
 
 
 # ---------------------------------------------------------------- text8
@@ -294,18 +300,16 @@ def test_load_tokenizer_round_trips_every_saved_kind(tmp_path):
   assert tokenizers.load_tokenizer(tmp_path / 'wordpiece').special_ids.pad == 0
   with pytest.raises(ValueError, match='subword'):
     lm1b.lm1b_source(
-      _config('mdlm_lm1b').data, tokenizers.load_tokenizer(tmp_path / 'char')
+      _settings('mdlm_lm1b'), tokenizers.load_tokenizer(tmp_path / 'char')
     )
 
 
 def test_source_registry_builds_each_corpus_and_rejects_others():
   assert source_registry.CORPORA == ('text8', 'lm1b', 'openwebtext')
-  src = source_registry.build_source(_config('md4_text8').data)
+  src = source_registry.build_source(_settings('md4_text8'))
   assert src.name == 'text8' and src.tokenizer.vocab_size == 27
   with pytest.raises(ValueError, match='not a source'):
-    source_registry.build_source(
-      _config('md4_text8', corpus='shakespeare').data
-    )
+    source_registry.build_source(_settings('md4_text8', corpus='shakespear'))
 
 
 # ------------------------------------------------------- LM1B
@@ -341,7 +345,7 @@ def test_lm1b_tfds_builder_runs_without_tensorflow(tmp_path):
 def test_lm1b_mock_data_padded_and_packed(tmp_path):
   import tensorflow_datasets as tfds
 
-  cfg = _config('mdlm_lm1b', cache_dir=str(tmp_path)).data
+  cfg = _settings('mdlm_lm1b', cache_dir=str(tmp_path))
   with tfds.testing.mock_data(
     num_examples=64, policy=tfds.testing.MockPolicy.USE_CODE
   ):
@@ -354,7 +358,7 @@ def test_lm1b_mock_data_padded_and_packed(tmp_path):
     assert (b['tokens'][:, 0] == cls).all()
     n = b['loss_mask'].sum(1).astype(int)
     assert (b['tokens'][np.arange(4), n - 1] == sep).all()
-    cfg.packing = 'packed'
+    cfg = dataclasses.replace(cfg, packing='packed')
     packed = lm1b.lm1b_source(cfg, padded.tokenizer)
     rows = packed.eval_batches('validation', seq_len=16, batch_size=2)
     assert (rows[0]['tokens'][:, 0] == cls).all()
@@ -377,12 +381,12 @@ def test_openwebtext_mdlm_split_holds_out_the_last_documents(tmp_path):
 
   docs = [f'document {i} says {"word " * (i % 7)}end.' for i in range(60)]
   datasets.Dataset.from_dict({'text': docs}).save_to_disk(tmp_path / 'owt')
-  cfg = _config(
+  cfg = _settings(
     'mdlm_owt',
     data_dir=str(tmp_path / 'owt'),
     cache_dir=str(tmp_path / 'cache'),
     owt_validation_docs=10,
-  ).data
+  )
   src = openwebtext.openwebtext_source(cfg)
   tok, eos = src.tokenizer, src.tokenizer.special_ids.eos
   want = np.concatenate([np.append(tok.encode(d), eos) for d in docs[-10:]])
@@ -395,11 +399,13 @@ def test_openwebtext_mdlm_split_holds_out_the_last_documents(tmp_path):
 
 
 def test_openwebtext_absent_is_explained(tmp_path, monkeypatch):
-  cfg = _config('mdlm_owt', data_dir=str(tmp_path / 'none')).data
+  cfg = _settings('mdlm_owt', data_dir=str(tmp_path / 'none'))
   with pytest.raises(pretrained.DataUnavailableError, match='--save_to='):
     openwebtext.owt_records(cfg)
   _offline(monkeypatch)
-  cfg.data_dir, cfg.hf_dataset = '', 'no-such-org/no-such-dataset'
+  cfg = dataclasses.replace(
+    cfg, data_dir='', hf_dataset='no-such-org/no-such-dataset'
+  )
   with pytest.raises(pretrained.DataUnavailableError, match='save it once'):
     openwebtext.owt_records(cfg)
 
@@ -428,7 +434,9 @@ def test_paper_config_documents_its_recipe(name):
 def test_paper_smoke_presets_build_data_and_model(name, tmp_path):
   c = _config(name, cache_dir=str(tmp_path / 'cache'))
   assert c.data.data_dir.startswith(str(FIXTURES))
-  data = builders.prepare_data(c.data, str(tmp_path / 'run'))
+  data = builders.prepare_data(
+    builders.data_settings(c.data), str(tmp_path / 'run')
+  )
   batch = next(builders.train_batches(c, data, c.seed))
   assert batch['tokens'].shape == (c.train.batch_size, c.data.seq_len)
   assert ('loss_mask' in batch) == (c.data.packing == 'padded')
@@ -449,9 +457,10 @@ def test_paper_smoke_presets_build_data_and_model(name, tmp_path):
 
 def test_saved_tokenizer_lets_a_run_start_without_its_data(tmp_path):
   c = _config('mdlm_owt', cache_dir=str(tmp_path / 'cache'))
-  first = builders.prepare_data(c.data, str(tmp_path))
+  first = builders.prepare_data(builders.data_settings(c.data), str(tmp_path))
   c.data.data_dir = str(tmp_path / 'moved-away')
-  again = builders.prepare_data(c.data, str(tmp_path))  # Reads no data.
+  moved = builders.data_settings(c.data)
+  again = builders.prepare_data(moved, str(tmp_path))  # Reads no data.
   assert again.tokenizer == first.tokenizer
   assert 'validation' in again.splits and 'test' not in again.splits
   with pytest.raises(pretrained.DataUnavailableError):
@@ -460,7 +469,10 @@ def test_saved_tokenizer_lets_a_run_start_without_its_data(tmp_path):
 
 def test_data_eval_batches_keep_the_embedded_corpus_path():
   stream = np.arange(300, dtype=np.int32)
-  data = builders.Data(tokenizer=None, splits={'validation': stream})
+  source = sources.Source(
+    'text', None, {'validation': lambda: pipeline.PackedSplit(stream)}
+  )
+  data = builders.Data(tokenizer=None, source=source)
   got = data.eval_batches('validation', seq_len=10, batch_size=4)
   want = pipeline.eval_batches(stream, seq_len=10, batch_size=4)
   assert len(got) == len(want) == 7

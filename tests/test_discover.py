@@ -25,7 +25,7 @@ def test_every_config_file_is_listed_with_its_argument():
   assert 'quickstart         :[smoke]' in text
   assert ':BLOCK[,scratch][,smoke] with BLOCK one of (4, 8, 16)' in text
   assert ':MODEL,TASK[,preset]' in text
-  assert 'PIPELINE[,cpu|smoke]' in text
+  assert 'PIPELINE[,TASK][,cpu|smoke]' in text
 
 
 def test_argument_form_comes_from_the_parser_itself():

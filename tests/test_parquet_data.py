@@ -11,6 +11,7 @@ pq = pytest.importorskip('pyarrow.parquet', reason='the data extra')
 
 from ddlm_jax.data import openwebtext, parquet  # noqa: E402
 from ddlm_jax.data import zero_shot as zs_data  # noqa: E402
+from ddlm_jax.training import builders  # noqa: E402
 from experiments.configs.common import FIXTURES  # noqa: E402
 
 
@@ -20,7 +21,7 @@ def _config(**data):
   )
   for key, value in data.items():
     c.data[key] = value
-  return c.data
+  return builders.data_settings(c.data)
 
 
 def _as_parquet(ds, folder, shards: int, prefix='plain_text/train'):

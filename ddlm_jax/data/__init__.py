@@ -4,8 +4,10 @@
 play, or the user's own files), ``tokenizers`` turns text into int32 ids
 (char, byte, HF BPE/WordPiece, text8; saved as JSON in the run directory,
 and ``load_tokenizer`` reloads any kind) and ``pipeline`` turns ids into
-checkpointable training batches and deterministic evaluation batches. The
-dataset sources (text8, LM1B, OpenWebText) are ``source_registry``'s.
+checkpointable training batches and deterministic evaluation batches.
+Every corpus, the text ones (``text_source``) and the datasets (text8,
+LM1B, OpenWebText), is a ``sources.Source`` named in ``source_registry``,
+built from the typed ``settings.DataConfig``.
 Importing this package reads no files.
 """
 

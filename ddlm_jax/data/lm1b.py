@@ -50,6 +50,7 @@ from ddlm_jax.data.pretrained import (
   load_hf_tokenizer,
   subword_tokenizer,
 )
+from ddlm_jax.data.settings import DataConfig
 from ddlm_jax.data.sources import (
   PACKINGS,
   DocumentSplit,
@@ -124,7 +125,7 @@ def lm1b_documents(split: str, data_dir: str = '', detokenize: bool = False):
   )
 
 
-def _tokenizer(cfg, tokenizer):
+def _tokenizer(cfg: DataConfig, tokenizer):
   if tokenizer is not None:
     return subword_tokenizer(tokenizer, 'LM1B')
   name = cfg.hf_tokenizer or DEFAULT_TOKENIZER
@@ -135,8 +136,10 @@ def _tokenizer(cfg, tokenizer):
   return load_hf_tokenizer(name)
 
 
-def lm1b_source(cfg, tokenizer: tok_lib.Tokenizer | None = None) -> Source:
-  """The LM1B Source of a ``config.data`` block (module docstring)."""
+def lm1b_source(
+  cfg: DataConfig, tokenizer: tok_lib.Tokenizer | None = None
+) -> Source:
+  """The LM1B Source of a run's data settings (module docstring)."""
   if cfg.packing not in PACKINGS:
     raise ValueError(f'data.packing={cfg.packing!r}; choose one of {PACKINGS}.')
   tok = _tokenizer(cfg, tokenizer)

@@ -55,6 +55,7 @@ from ddlm_jax.data.pretrained import (
   load_hf_tokenizer,
   subword_tokenizer,
 )
+from ddlm_jax.data.settings import OWT_SPLITS, DataConfig
 from ddlm_jax.data.sources import (
   PackedSplit,
   Source,
@@ -69,7 +70,6 @@ from ddlm_jax.data.tokenizers import tokenizer_fingerprint
 
 DEFAULT_TOKENIZER = 'gpt2'
 NUM_DOCUMENTS = 8_013_769
-OWT_SPLITS = ('mdlm', 'md4')
 MD4_SPLIT_SEED = 0x4D44
 _TEST_TOKENIZER_DOCS = 5_000
 
@@ -86,7 +86,7 @@ def save_command(hf_dataset: str, target: str = '~/ddlm_data/openwebtext'):
   )
 
 
-def owt_records(cfg):
+def owt_records(cfg: DataConfig):
   """The OWT ``train`` records from Parquet (or a save_to_disk folder).
 
   Raises:
@@ -119,7 +119,7 @@ def owt_records(cfg):
   return ds
 
 
-def _tokenizer(cfg, tokenizer, records):
+def _tokenizer(cfg: DataConfig, tokenizer, records):
   if tokenizer is not None:
     return subword_tokenizer(tokenizer, 'OpenWebText')
   name = cfg.hf_tokenizer or DEFAULT_TOKENIZER
@@ -146,9 +146,9 @@ def md4_window_split(
 
 
 def openwebtext_source(
-  cfg, tokenizer: tok_lib.Tokenizer | None = None
+  cfg: DataConfig, tokenizer: tok_lib.Tokenizer | None = None
 ) -> Source:
-  """The OpenWebText Source of a ``config.data`` block (module docstring)."""
+  """The OpenWebText Source of a run's data settings (module docstring)."""
   if cfg.owt_split not in OWT_SPLITS:
     raise ValueError(
       f'data.owt_split={cfg.owt_split!r}; choose one of {OWT_SPLITS}.'

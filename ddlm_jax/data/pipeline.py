@@ -379,6 +379,8 @@ def packed_eval_batches(
 ) -> list[dict[str, np.ndarray]]:
   """Windows in order (offset 0), framed, grouped into batches."""
   inner = split.inner_len(seq_len)
+  if split.window_ids is None:
+    _check_fits(int(split.tokens.shape[0]), inner, split_name)
   n = split.num_windows(seq_len)
   ids = (
     np.arange(n) if split.window_ids is None else np.asarray(split.window_ids)

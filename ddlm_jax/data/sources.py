@@ -58,9 +58,8 @@ from ddlm_jax.data import pipeline
 from ddlm_jax.data import tokenizers as tok_lib
 from ddlm_jax.data.pipeline import PackedSplit, packed_eval_batches
 from ddlm_jax.data.pretrained import DataUnavailableError
+from ddlm_jax.data.settings import PACKINGS, WRAPS
 
-WRAPS = ('bos_eos', 'eos', 'none')
-PACKINGS = ('packed', 'padded')
 _CACHE_FORMAT = 1
 
 

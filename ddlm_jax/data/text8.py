@@ -26,6 +26,7 @@ import numpy as np
 
 from ddlm_jax.data import tokenizers as tok_lib
 from ddlm_jax.data.pretrained import DataUnavailableError
+from ddlm_jax.data.settings import DataConfig
 from ddlm_jax.data.sources import PackedSplit, Source
 from ddlm_jax.data.tokenizers import Text8Tokenizer
 
@@ -87,8 +88,10 @@ def text8_splits(ids: np.ndarray) -> dict[str, np.ndarray]:
   return {'train': ids[:a], 'validation': ids[a:b], 'test': ids[b:]}
 
 
-def text8_source(cfg, tokenizer: tok_lib.Tokenizer | None = None) -> Source:
-  """The text8 Source of a ``config.data`` block (reads ``data_dir``)."""
+def text8_source(
+  cfg: DataConfig, tokenizer: tok_lib.Tokenizer | None = None
+) -> Source:
+  """The text8 Source of a run's data settings (reads ``data_dir``)."""
   if tokenizer is not None and not isinstance(tokenizer, Text8Tokenizer):
     raise ValueError(
       f'text8 needs its 27-symbol tokenizer, got {tokenizer!r} (from the run '

@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 
 from ddlm_jax.interop import safetensors_io
+from ddlm_jax.models.backbones import register_backbone
 from ddlm_jax.models.llama_family import LlamaFamily, LlamaFamilyConfig
 from ddlm_jax.parallel import rules as rules_lib
 from ddlm_jax.training import state as state_lib
@@ -366,3 +367,12 @@ def run_model_config(model: Mapping[str, Any], process) -> LlamaFamilyConfig:
     return LlamaFamilyConfig(**kw)
   except ValueError as e:
     raise ConfigError(f'config.model: {e}') from e
+
+
+def _build(mcfg: LlamaFamilyConfig, model, rngs) -> LlamaFamily:
+  del model  # Everything the network needs is in its config.
+  return LlamaFamily(mcfg, rngs=rngs)
+
+
+for _arch in ARCHS:  # A run's config.model.backbone names these.
+  register_backbone(_arch, run_model_config, _build)

@@ -9,13 +9,8 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
-from ddlm_jax.data import (
-  corpus,
-  pipeline,
-  source_registry,
-  sources,
-  tokenizers,
-)
+from ddlm_jax.data import source_registry, sources, tokenizers
+from ddlm_jax.data.settings import DataConfig
 from ddlm_jax.diffusion import base as process_base
 from ddlm_jax.diffusion.base import (
   Backbone,
@@ -25,10 +20,9 @@ from ddlm_jax.diffusion.base import (
 )
 from ddlm_jax.diffusion.masked import MaskedDiffusion
 from ddlm_jax.diffusion.soft_masking import SoftMaskedDiffusion
-from ddlm_jax.interop import llama_family as imported_llama
 from ddlm_jax.models import Transformer, TransformerConfig, hybrid
 from ddlm_jax.models.attention import check_attention_impl
-from ddlm_jax.models.llama_family import LlamaFamily
+from ddlm_jax.models.backbones import get_backbone, register_backbone
 from ddlm_jax.models.soft_masking import SoftMaskedModel, SoftMaskInput
 from ddlm_jax.training.config import ConfigError, check_range
 
@@ -119,10 +113,13 @@ def check_model_sizes(model: Mapping) -> None:
     )
 
 
-def model_config(cfg, process: Process) -> TransformerConfig:
-  if cfg.get('backbone') in imported_llama.ARCHS:  # LLaDA / Dream checkpoints
-    return imported_llama.run_model_config(cfg.to_dict(), process)
-  model_keys, _ = hybrid.split_model_keys(cfg.to_dict())
+def transformer_config(model: Mapping, process: Process) -> TransformerConfig:
+  """The TransformerConfig of a config.model dict (transformer or hybrid).
+
+  The vocabulary, input vocabulary, causality and block size come from
+  the process; the hybrid's own keys are set aside (hybrid.hybrid_config).
+  """
+  model_keys, _ = hybrid.split_model_keys(dict(model))
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
   kwargs = {k: v for k, v in model_keys.items() if k in fields}
   unknown = set(model_keys) - fields
@@ -142,21 +139,54 @@ def model_config(cfg, process: Process) -> TransformerConfig:
   return TransformerConfig(**kwargs)
 
 
+register_backbone(
+  'transformer',
+  transformer_config,
+  lambda mcfg, model, rngs: Transformer(mcfg, rngs=rngs),
+)
+
+
+def hybrid_base_config(model: Mapping, process: Process) -> TransformerConfig:
+  """The hybrid's TransformerConfig, its pattern and SSM keys checked."""
+  mcfg = transformer_config(model, process)
+  hybrid.hybrid_config(mcfg, dict(model))  # Refuses a bad pattern now.
+  return mcfg
+
+
+register_backbone(
+  'hybrid',
+  hybrid_base_config,
+  lambda mcfg, model, rngs: hybrid.HybridTransformer(
+    hybrid.hybrid_config(mcfg, dict(model)), rngs=rngs
+  ),
+)
+
+
+def _backbone(cfg):
+  """The registered backbone config.model names (a ConfigError if none)."""
+  try:
+    return get_backbone(cfg.get('backbone', 'transformer'))
+  except ValueError as err:
+    raise ConfigError(str(err)) from None
+
+
+def model_config(cfg, process: Process):
+  """The network config of config.model: its registered backbone's."""
+  return _backbone(cfg).config(cfg.to_dict(), process)
+
+
 def model_builder(cfg, process, soft_mask=None):
   """build(rngs) -> the network, as init_train_state expects.
 
-  The transformer or the hybrid backbone; with config.soft_mask.enabled it
-  is wrapped in the soft-masking input layer (its parameters: net/...,
-  soft_mask/r_s, r_a, r_b).
+  The registered backbone of config.model.backbone (`ddlm_jax.models.
+  backbones`); with config.soft_mask.enabled it is wrapped in the
+  soft-masking input layer (its parameters: net/..., soft_mask/r_s, r_a,
+  r_b).
   """
-  mcfg = model_config(cfg, process)
-  if cfg.get('backbone') in imported_llama.ARCHS:
-    build = lambda rngs: LlamaFamily(mcfg, rngs=rngs)
-  elif cfg.get('backbone', 'transformer') == 'hybrid':
-    hcfg = hybrid.hybrid_config(mcfg, cfg.to_dict())
-    build = lambda rngs: hybrid.HybridTransformer(hcfg, rngs=rngs)
-  else:
-    build = lambda rngs: Transformer(mcfg, rngs=rngs)
+  spec = _backbone(cfg)
+  mcfg = spec.config(cfg.to_dict(), process)
+  model = cfg.to_dict()
+  build = lambda rngs: spec.build(mcfg, model, rngs)
   if not soft_mask_enabled(soft_mask):
     return build
   sm = dict(
@@ -171,21 +201,37 @@ def model_builder(cfg, process, soft_mask=None):
   )
 
 
+def data_settings(block) -> DataConfig:
+  """The typed data settings of a run's config.data block.
+
+  A key the block does not take is refused naming the closest one; keys a
+  run saved before they existed take their defaults (old workdirs load).
+  """
+  mapping = block.to_dict() if hasattr(block, 'to_dict') else dict(block)
+  try:
+    return DataConfig.from_dict(mapping)
+  except (ValueError, TypeError) as err:
+    raise ConfigError(str(err)) from None
+
+
 @dataclasses.dataclass
 class Data:
-  """A run's tokenizer and splits.
+  """A run's tokenizer, its corpus's ``Source`` and that source's splits.
 
-  For the text corpora ('shakespeare', 'text_files') ``splits`` holds each
-  split's int32 token ids and ``source`` is None. For the dataset sources
-  ('text8', 'lm1b', 'openwebtext'; ``ddlm_jax.data.sources``) ``source``
-  serves the batches and ``splits`` is a lazy view of it (membership reads
-  nothing; indexing materialises a packed split's token stream).
-  ``eval_batches`` and ``train_batches`` work for both.
+  Every corpus, text or dataset, is a ``ddlm_jax.data.sources.Source``
+  (``ddlm_jax.data.source_registry``): ``source`` serves the batches and
+  ``splits`` is a lazy view of it (membership reads nothing; indexing
+  materialises a packed split's token stream).
   """
 
   tokenizer: tokenizers.Tokenizer
-  splits: Mapping[str, np.ndarray]  # token ids per split
-  source: sources.Source | None = None
+  source: sources.Source
+  settings: DataConfig = DataConfig()
+
+  @property
+  def splits(self) -> Mapping[str, np.ndarray]:
+    """Token ids per split, read on first use."""
+    return sources.SplitTokens(self.source)
 
   def eval_batches(
     self,
@@ -201,22 +247,17 @@ class Data:
       raise ValueError(
         f'split {split!r} is not in the corpus; have {list(self.splits)}.'
       )
-    if self.source is not None:
-      return self.source.eval_batches(
-        split, seq_len=seq_len, batch_size=batch_size, max_batches=max_batches
-      )
-    batches = pipeline.eval_batches(
-      self.splits[split],
-      seq_len=seq_len,
-      batch_size=batch_size,
-      max_batches=max_batches,
-      split_name=split,
+    return self.source.eval_batches(
+      split, seq_len=seq_len, batch_size=batch_size, max_batches=max_batches
     )
-    return [{'tokens': b} for b in batches]
 
 
-def prepare_data(cfg, workdir: str | None) -> Data:
-  """Loads the corpus, fits or reloads the tokenizer, encodes the splits.
+def prepare_data(cfg: DataConfig, workdir: str | None) -> Data:
+  """The corpus's source, with the tokenizer fitted, loaded or reloaded.
+
+  `cfg` is the typed data settings; a raw config.data block is still
+  taken (read through `data_settings`) until every caller passes the
+  typed one.
 
   A tokenizer saved in workdir/tokenizer (from an earlier start of the same
   run) is reused, so a resumed run keeps its vocabulary. Dataset sources
@@ -224,63 +265,38 @@ def prepare_data(cfg, workdir: str | None) -> Data:
   a split, so a run whose tokenizer is saved can be restored for evaluation
   without its training data.
   """
+  if not isinstance(cfg, DataConfig):
+    cfg = data_settings(cfg)
   tok_dir = os.path.join(workdir, 'tokenizer') if workdir else None
   has_saved = bool(tok_dir) and os.path.exists(
     os.path.join(tok_dir, tokenizers.TOKENIZER_FILENAME)
   )
   saved = tokenizers.load_tokenizer(tok_dir) if has_saved else None
-  if cfg.corpus in source_registry.CORPORA:
-    source = source_registry.build_source(cfg, tokenizer=saved)
-    if tok_dir and saved is None and jax.process_index() == 0:
-      source.tokenizer.save(tok_dir)
-    return Data(
-      tokenizer=source.tokenizer,
-      splits=sources.SplitTokens(source),
-      source=source,
-    )
-  kwargs = {}
-  if cfg.corpus == 'text_files':
-    kwargs = {k: v for k, v in cfg.files.to_dict().items() if v}
-  texts = corpus.load_text_splits(cfg.corpus, **kwargs)
-  if saved is not None:
-    tok = saved
-  else:
-    tok_kwargs = {}
-    if cfg.tokenizer == 'bpe':
-      tok_kwargs['vocab_size'] = cfg.bpe_vocab_size
-    tok = tokenizers.build_tokenizer(
-      cfg.tokenizer, texts['train'], **tok_kwargs
-    )
-    # Every process fits the same tokenizer from the same text; only process
-    # 0 writes it, so a shared workdir sees one writer.
-    if tok_dir and jax.process_index() == 0:
-      tok.save(tok_dir)
-  splits = {name: tok.encode(text) for name, text in texts.items() if text}
-  return Data(tokenizer=tok, splits=splits)
+  source = source_registry.build_source(cfg, tokenizer=saved)
+  # Every process builds the same tokenizer; only process 0 writes it, so
+  # a shared workdir sees one writer.
+  if tok_dir and saved is None and jax.process_index() == 0:
+    source.tokenizer.save(tok_dir)
+  return Data(tokenizer=source.tokenizer, source=source, settings=cfg)
 
 
 def train_batches(config, data: Data, seed: int):
   """The checkpointable training iterator for this process.
 
-  `config` is the run's whole config: the global batch is
-  `train.batch_size` (this process reads its share), the rows
-  `data.seq_len` tokens long.
+  The global batch is the run's `train.batch_size` (this process reads its
+  share); the rows are `data.settings.seq_len` tokens long.
   """
   count = jax.process_count()
-  batch, cfg = config.train.batch_size, config.data
+  batch, cfg = config.train.batch_size, data.settings
   if batch % count:
     raise ValueError(
       f'train.batch_size={batch} must divide across {count} processes.'
     )
-  kwargs = dict(
+  return data.source.train_iterator(
     seq_len=cfg.seq_len,
     batch_size=batch // count,
     seed=seed,
     shard_index=jax.process_index(),
     shard_count=count,
+    num_threads=cfg.num_threads,
   )
-  if data.source is not None:
-    return data.source.train_iterator(
-      **kwargs, num_threads=cfg.get('num_threads', 1)
-    )
-  return pipeline.train_iterator(data.splits['train'], **kwargs)

@@ -27,16 +27,7 @@ BLOCKS = (4, 8, 16)
 SMOKE_ARG = '16,smoke'
 
 
-def parse_arg(arg: str | None) -> tuple[int, str]:
-  """'BLOCK[,smoke]' -> (block size, preset)."""
-  parts = [p.strip() for p in (arg or '16').split(',') if p.strip()]
-  preset = parts.pop() if parts and parts[-1] == 'smoke' else ''
-  if len(parts) != 1 or not parts[0].isdigit() or int(parts[0]) not in BLOCKS:
-    raise ValueError(
-      f'config argument {arg!r}: expected BLOCK[,smoke] with BLOCK one of '
-      f'{BLOCKS}, e.g. "16" or "4,smoke".'
-    )
-  return int(parts[0]), preset
+ARGS = (common.Choice('block', BLOCKS),)  # 'BLOCK[,smoke]'
 
 
 def block_config(c, block: int):
@@ -48,7 +39,7 @@ def block_config(c, block: int):
 
 
 def get_config(arg: str = '16'):
-  block, preset = parse_arg(arg)
+  block, preset = common.parse_arg(arg, *ARGS)
   c = mdlm_lm1b.get_config(preset)
   c.data.packing = 'packed'
   return block_config(c, block)

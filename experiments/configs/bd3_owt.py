@@ -25,13 +25,13 @@ Argument: 'BLOCK[,smoke]' with BLOCK in 4, 8, 16; `bd3_owt.py:16,smoke`
 runs in seconds on CPU on the OWT fixture.
 """
 
-from experiments.configs import bd3_lm1b, mdlm_owt
+from experiments.configs import bd3_lm1b, common, mdlm_owt
 
 SMOKE_ARG = '16,smoke'
 
 
 def get_config(arg: str = '16'):
-  block, preset = bd3_lm1b.parse_arg(arg)
+  block, preset = common.parse_arg(arg, *bd3_lm1b.ARGS)
   c = mdlm_owt.get_config(preset)
   c.sample.top_p = 0.9
   return bd3_lm1b.block_config(c, block)

@@ -28,23 +28,13 @@ BLOCKS = (4, 8, 16)
 SMOKE_ARG = '16,smoke'
 
 
-def parse_arg(arg: str | None) -> tuple[int, bool, str]:
-  """'BLOCK[,scratch][,smoke]' -> (block size, from scratch, preset)."""
-  parts = [p.strip() for p in (arg or '').split(',') if p.strip()]
-  preset = parts.pop() if parts and parts[-1] == 'smoke' else ''
-  scratch = bool(parts) and parts[-1] == 'scratch'
-  if scratch:
-    parts.pop()
-  if len(parts) != 1 or not parts[0].isdigit() or int(parts[0]) not in BLOCKS:
-    raise ValueError(
-      f'config argument {arg!r}: expected BLOCK[,scratch][,smoke] with '
-      f'BLOCK one of {BLOCKS}, e.g. "16" or "8,scratch,smoke".'
-    )
-  return int(parts[0]), scratch or preset == 'smoke', preset
+# 'BLOCK[,scratch][,smoke]'; smoke always trains from scratch.
+ARGS = (common.Choice('block', BLOCKS), common.Flag('scratch'))
 
 
 def get_config(arg: str = '16'):
-  block, scratch, preset = parse_arg(arg)
+  block, scratch, preset = common.parse_arg(arg, *ARGS)
+  scratch = scratch or preset == 'smoke'
   c = quickstart.recipe(preset)
   common.set_process(c, 'bd3', block_size=block)
   c.model.time_conditioning = False  # BD3 is time-free, like MDLM.

@@ -7,6 +7,10 @@ baselines apply `autoregressive()` to their MDLM twin. What the two
 recipes share is the papers' "small" run: a 12 x 768 transformer, global
 batch 512, 1,000,000 Adam steps at lr 3e-4 with b2 0.999 and EMA 0.9999.
 
+A config's argument (`--config=FILE:ARG`) is read by the one `parse_arg`:
+each config declares the parts it takes (`Choice`, `Flag`) and its
+presets, and a misspelt part fails naming the closest valid value.
+
 ``:smoke`` (`apply_smoke`) shrinks a config to seconds on CPU. For the paper
 configs (`apply_paper_smoke`) it keeps the data code path but reads the tiny
 real-format fixtures under ``tests/fixtures/`` (regenerate with ``python
@@ -16,9 +20,12 @@ LM1B/OWT on them.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 import pathlib
 import tempfile
+from typing import Any
 
 import ml_collections
 
@@ -197,42 +204,149 @@ def override(
 
 
 PRESETS = ('', 'smoke')
+_REQUIRED = object()
 
 
-def parse_arg(
-  arg: str | None, fields: dict | None = None, presets=PRESETS
-) -> tuple[str, ...]:
-  """'A,B[,preset]' -> (a, b, preset): every config's argument parser.
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """One part of a config argument: a value from `values`.
 
-  `fields` maps each leading part's name to its allowed values, e.g.
-  {'model': MODELS, 'task': TASKS}; the optional last part is a preset.
-  With no fields the argument is just the preset ('' or 'smoke').
+  Without a `default` the part is required; with one it may be left out
+  (the next part is then read as the following slot).
   """
-  fields = fields or {}
+
+  name: str
+  values: tuple
+  default: Any = _REQUIRED
+
+  @property
+  def required(self) -> bool:
+    return self.default is _REQUIRED
+
+  def read(self, part: str):
+    """The value `part` names, or None when it names none."""
+    return next((v for v in self.values if str(v) == part), None)
+
+  def form(self) -> str:
+    return self.name.upper()
+
+  def named(self) -> tuple:
+    return tuple(v for v in self.values if v != '')
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+  """An optional word of a config argument: True where it is given."""
+
+  word: str
+
+  name = 'option'
+  required = False
+  default = False
+
+  def read(self, part: str):
+    return True if part == self.word else None
+
+  def form(self) -> str:
+    return self.word
+
+  def named(self) -> tuple:
+    return (self.word,)
+
+
+def _form(slots, presets) -> str:
+  """'BLOCK[,scratch][,smoke] with BLOCK one of (4, 8, 16)'."""
+  text = ''
+  for slot in slots:
+    sep = ',' if text else ''
+    text += f'{sep}{slot.form()}' if slot.required else f'[{sep}{slot.form()}]'
+  named = tuple(p for p in presets if p)
+  listed = len(named) <= 3
+  if named:
+    word = '|'.join(named) if listed else 'preset'
+    text += f'[,{word}]' if text else f'[{word}]'
+  choices = [
+    f'{slot.form()} one of {slot.named()}'
+    for slot in slots
+    if isinstance(slot, Choice)
+  ]
+  if named and not listed:
+    choices.append(f'preset one of {named}')
+  return f'{text} with {", ".join(choices)}' if choices else text
+
+
+def _example(slots) -> str:
+  return ','.join(
+    str(slot.named()[0]) for slot in slots if slot.required and slot.named()
+  )
+
+
+def _unknown(slot, part: str) -> str:
+  """ "unknown task 'parityy' (did you mean 'parity'?); choose one of ..."."""
+  names = [str(v) for v in slot.named()]
+  close = difflib.get_close_matches(part, names, n=1)
+  hint = f' (did you mean {close[0]!r}?)' if close else ''
+  return f'unknown {slot.name} {part!r}{hint}; choose one of {slot.named()}'
+
+
+def parse_arg(arg: str | None, *slots, presets=PRESETS) -> tuple:
+  """'A[,B][,preset]' -> (a, b, preset): every config's argument parser.
+
+  Each config names the parts it reads (`Choice`, `Flag`), in order; the
+  last, optional part is a preset of `presets`. A part left out takes its
+  slot's default. A part that fits nowhere fails in one line naming the
+  closest valid value and the argument's form (which `--list` shows).
+  """
+  presets = tuple(presets)
+  slots = (*slots, Choice('preset', presets, ''))
   parts = [p.strip() for p in (arg or '').split(',')]
-  n = len(fields)
-  if parts == [''] and not n:
-    parts = []
-  if len(parts) not in (n, n + 1) or not all(parts[:n]):
-    form = ','.join(name.upper() for name in fields)
-    form = f'{form}[,preset]' if form else '[preset]'
-    example = ','.join(allowed[0] for allowed in fields.values())
+  if parts[-1] == '':  # 'a,b,' is 'a,b' with the empty preset.
+    parts.pop()
+  values, skipped, i = [], [], 0
+  problem = None
+  if '' in parts:
+    problem = 'an empty part'
+  for slot in slots:
+    if problem:
+      break
+    part = parts[i] if i < len(parts) else None
+    value = None if part is None else slot.read(part)
+    if value is not None:
+      values.append(value)
+      skipped, i = [], i + 1
+    elif not slot.required:
+      values.append(slot.default)
+      skipped.append(slot)
+    elif part is None:
+      problem = f'no {slot.name} given'
+    else:
+      problem = _unknown(slot, part)
+  if not problem and i < len(parts):
+    part = parts[i]
+    if not skipped:
+      problem = f'{part!r} is one part too many'
+    else:
+      near = [
+        s
+        for s in skipped
+        if difflib.get_close_matches(part, [str(v) for v in s.named()], n=1)
+      ]
+      problem = _unknown((near or skipped)[-1 if not near else 0], part)
+  if problem:
+    form = _form(slots[:-1], presets)
+    example = _example(slots[:-1])
+    named = [p for p in presets if p]
+    preset = 'smoke' if 'smoke' in named else (named or [''])[-1]
     raise ValueError(
-      f'config argument {arg!r}: expected {form}, e.g. {example!r} or '
-      f'{config_arg(example, presets[-1])!r}.'
+      f'config argument {arg!r}: {problem}; expected {form}, e.g. '
+      f'{example!r} or {config_arg(example, preset)!r}.'
     )
-  for (name, allowed), value in zip(fields.items(), parts):
-    if value not in allowed:
-      raise ValueError(f'unknown {name} {value!r}; choose one of {allowed}.')
-  preset = parts[n] if len(parts) > n else ''
-  if preset not in presets:
-    raise ValueError(f'unknown preset {preset!r}; choose one of {presets}.')
-  return (*parts[:n], preset)
+  return tuple(values)
 
 
 def check_preset(preset: str | None, presets=PRESETS) -> str:
   """The preset of a config that takes no other argument ('' or 'smoke')."""
-  return parse_arg(preset, None, presets)[0]
+  return parse_arg(preset, presets=presets)[0]
 
 
 def config_arg(*parts: str) -> str:

@@ -24,19 +24,12 @@ from experiments.configs import common, mdlm_lm1b
 SMOKE_ARG = 'smoke'
 
 
-def parse_arg(arg: str | None) -> tuple[bool, str]:
-  """'[udlm][,smoke]' -> (curriculum, preset)."""
-  parts = [p.strip() for p in (arg or '').split(',') if p.strip()]
-  preset = parts.pop() if parts and parts[-1] == 'smoke' else ''
-  if parts not in ([], ['udlm']):
-    raise ValueError(
-      f'config argument {arg!r}: expected [udlm][,smoke], e.g. "udlm,smoke".'
-    )
-  return not parts, preset
+ARGS = (common.Flag('udlm'),)  # '[udlm][,smoke]': udlm drops the curriculum.
 
 
 def get_config(arg: str = ''):
-  curriculum, preset = parse_arg(arg)
+  udlm, preset = common.parse_arg(arg, *ARGS)
+  curriculum = not udlm
   c = mdlm_lm1b.get_config(preset)
   steps = c.train.num_steps
   common.uniform(c, curriculum_steps=steps // 2 if curriculum else 0)

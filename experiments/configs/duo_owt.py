@@ -32,7 +32,8 @@ SMOKE_ARG = 'smoke'
 
 
 def get_config(arg: str = ''):
-  curriculum, preset = duo_lm1b.parse_arg(arg)
+  udlm, preset = common.parse_arg(arg, *duo_lm1b.ARGS)
+  curriculum = not udlm
   c = mdlm_owt.get_config(preset)
   steps = c.train.num_steps
   common.uniform(c, curriculum_steps=steps // 2 if curriculum else 0)

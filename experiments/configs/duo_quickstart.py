@@ -29,20 +29,11 @@ VARIANTS = ('', 'curriculum', 'interpolating')
 SMOKE_ARG = 'smoke'
 
 
-def parse_arg(arg: str | None) -> tuple[str, str]:
-  """'[VARIANT][,smoke]' -> (variant, preset)."""
-  parts = [p.strip() for p in (arg or '').split(',') if p.strip()]
-  preset = parts.pop() if parts and parts[-1] == 'smoke' else ''
-  if len(parts) > 1 or (parts and parts[0] not in VARIANTS):
-    raise ValueError(
-      f'config argument {arg!r}: expected [VARIANT][,smoke] with VARIANT '
-      f'one of {VARIANTS[1:]}, e.g. "curriculum,smoke".'
-    )
-  return (parts[0] if parts else ''), preset
+ARGS = (common.Choice('variant', VARIANTS, ''),)  # '[VARIANT][,smoke]'
 
 
 def get_config(arg: str = ''):
-  variant, preset = parse_arg(arg)
+  variant, preset = common.parse_arg(arg, *ARGS)
   c = quickstart.recipe(preset)
   steps = c.train.num_steps
   common.uniform(

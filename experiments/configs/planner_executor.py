@@ -85,21 +85,11 @@ TASK_CPU = {'sudoku4': (1000, 300), 'countdown': (1000, 300),
             'paths': (1000, 300)}  # fmt: skip
 
 
-def parse_arg(arg: str) -> tuple[str, str, str]:
-  """'PIPELINE[,TASK][,preset]' -> (pipeline, task, preset)."""
-  parts = [p.strip() for p in (arg or '').split(',')]
-  task = 'arithmetic'
-  if len(parts) >= 2 and parts[1] in TASK_NAMES:
-    task = parts.pop(1)
-  elif len(parts) == 3:
-    raise ValueError(
-      f'config argument {arg!r}: unknown task {parts[1]!r}; choose one of '
-      f'{TASK_NAMES}.'
-    )
-  pipeline, preset = common.parse_arg(
-    ','.join(parts), {'pipeline': PIPELINES}, PRESETS
-  )
-  return pipeline, task, preset
+# 'PIPELINE[,TASK][,preset]'
+ARGS = (
+  common.Choice('pipeline', PIPELINES),
+  common.Choice('task', TASK_NAMES, 'arithmetic'),
+)
 
 
 def _model(width, depth, heads, num_steps, batch, lr):
@@ -112,7 +102,7 @@ def _model(width, depth, heads, num_steps, batch, lr):
 
 
 def get_config(arg: str = 'latent') -> ml_collections.ConfigDict:
-  pipeline, task_name, preset = parse_arg(arg)
+  pipeline, task_name, preset = common.parse_arg(arg, *ARGS, presets=PRESETS)
   task = get_task(task_name)
   c = ml_collections.ConfigDict()
   c.pipeline = pipeline

@@ -23,9 +23,10 @@ reach 0.5).
 """
 
 from experiments.configs import quickstart
-from experiments.configs.common import parse_arg
+from experiments.configs.common import Choice, parse_arg
 
 ARMS = ('sm', 'plain', 'plain_equal')
+ARGS = (Choice('arm', ARMS),)  # 'ARM[,smoke]'
 SMOKE_ARG = 'sm,smoke'
 STEPS = 300
 
@@ -36,7 +37,7 @@ def equal_compute_steps(steps: int, sm_prob: float) -> int:
 
 
 def get_config(arg: str = 'sm'):
-  arm, preset = parse_arg(arg, {'arm': ARMS})
+  arm, preset = parse_arg(arg, *ARGS)
   c = quickstart.recipe(preset)
   c.train.init_from = 'runs/mdlm_quickstart'
   c.optim.learning_rate = 3e-4

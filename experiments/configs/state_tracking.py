@@ -131,9 +131,8 @@ PAPER_TABLE2 = {
 PAPER_TABLE2['pdssm_paper'] = PAPER_TABLE2['pdssm']
 
 
-def parse_arg(arg: str) -> tuple[str, str, str]:
-  """'MODEL,TASK[,preset]' -> (model, task, preset), with clear errors."""
-  return common.parse_arg(arg, {'model': MODELS, 'task': TASKS}, PRESETS)
+# 'MODEL,TASK[,preset]'
+ARGS = (common.Choice('model', MODELS), common.Choice('task', TASKS))
 
 
 # The smoke argument the repository tests use for this config.
@@ -141,7 +140,7 @@ SMOKE_ARG = 'pdssm,parity,smoke'
 
 
 def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
-  model, task, preset = parse_arg(arg)
+  model, task, preset = common.parse_arg(arg, *ARGS, presets=PRESETS)
   c = ml_collections.ConfigDict()
   c.kind = 'state_tracking'  # Declared task kind for experiments.run.
   c.seed = 0
