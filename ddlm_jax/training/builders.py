@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 
 import jax
 import numpy as np
 
+from ddlm_jax import paths
 from ddlm_jax.data import (
   corpus,
   pipeline,
@@ -224,9 +224,9 @@ def prepare_data(cfg, workdir: str | None) -> Data:
   a split, so a run whose tokenizer is saved can be restored for evaluation
   without its training data.
   """
-  tok_dir = os.path.join(workdir, 'tokenizer') if workdir else None
-  has_saved = bool(tok_dir) and os.path.exists(
-    os.path.join(tok_dir, tokenizers.TOKENIZER_FILENAME)
+  tok_dir = paths.join(workdir, 'tokenizer') if workdir else None
+  has_saved = bool(tok_dir) and paths.exists(
+    paths.join(tok_dir, tokenizers.TOKENIZER_FILENAME)
   )
   saved = tokenizers.load_tokenizer(tok_dir) if has_saved else None
   if cfg.corpus in source_registry.CORPORA:

@@ -15,6 +15,7 @@ import os
 
 import jax
 
+from ddlm_jax import paths
 from ddlm_jax.data import zero_shot as zs_data
 from ddlm_jax.evaluation import zero_shot
 from ddlm_jax.training import fit, plots
@@ -52,7 +53,7 @@ def train_and_evaluate(
   if (
     jax.process_index() == 0
     and 'preempted_at_step' not in summary
-    and os.path.exists(os.path.join(workdir, 'metrics.jsonl'))
+    and paths.exists(paths.join(workdir, 'metrics.jsonl'))
   ):
     plots.plot_curves(workdir)
   return summary

@@ -11,12 +11,11 @@ gen-ppl scorer), sampled or warm-started from without their config file.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import ml_collections
 import numpy as np
 
+from ddlm_jax import paths
 from ddlm_jax.evaluation import cost
 from ddlm_jax.evaluation.likelihood import evaluate_likelihood
 from ddlm_jax.evaluation.sample_run import (
@@ -116,7 +115,7 @@ def check_sample_config(
     'sample.batch_size', sample.get('batch_size', 0), lo=0, integer=True
   )
   scorer = sample.get('scorer', '')
-  if num and scorer and not os.path.exists(os.path.join(scorer, 'config.json')):
+  if num and scorer and not paths.exists(paths.join(scorer, 'config.json')):
     raise ConfigError(
       f'sample.scorer={scorer!r} is not a run directory (no config.json): '
       "train the AR scorer run first, or pass --config.sample.scorer=''."
@@ -143,7 +142,7 @@ def check_sample_config(
         'network: set --config.sample.light_workdir to the run directory '
         'of a trained light network.'
       )
-    if not os.path.exists(os.path.join(light, 'config.json')):
+    if not paths.exists(paths.join(light, 'config.json')):
       raise ConfigError(
         f'sample.light_workdir={light!r} is not a run directory (no '
         'config.json): train the light network first.'
@@ -264,7 +263,7 @@ class Run:
       # A reader: training writes through fit's own Checkpointer, under
       # the workdir's lock; this one creates, moves and deletes nothing.
       self._checkpointer = Checkpointer(
-        os.path.join(self.workdir, 'checkpoints'),
+        paths.join(self.workdir, 'checkpoints'),
         max_to_keep=self.trainer_config.max_checkpoints,
         read_only=True,
       )
@@ -469,8 +468,8 @@ def load_config(workdir: str, overrides: dict | None = None):
   Keys renamed since the run was saved are moved first (migrate_config),
   so old runs load; overrides must use the new names.
   """
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  path = paths.join(workdir, 'config.json')
+  if not paths.exists(path):
     raise FileNotFoundError(
       f'{path} not found: {workdir} is not a run directory (train it with '
       'python -m experiments.run first).'
