@@ -59,6 +59,12 @@ def isdir(path) -> bool:
   return os.path.isdir(path)
 
 
+def isfile(path) -> bool:
+  if is_remote(path):
+    return epath(path).is_file()
+  return os.path.isfile(path)
+
+
 def listdir(path) -> list[str]:
   """Names in directory `path`; FileNotFoundError when there is none.
 

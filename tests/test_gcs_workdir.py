@@ -105,7 +105,7 @@ def test_path_functions_reach_the_bucket(bucket):
 def test_train_resume_eval_sample_and_load_a_gs_workdir(bucket):
   import ddlm_jax
   from ddlm_jax.training import loop, progress
-  from ddlm_jax.training.run import load_config
+  from experiments import modes
   from experiments.configs import quickstart
 
   uri, local = bucket
@@ -132,12 +132,13 @@ def test_train_resume_eval_sample_and_load_a_gs_workdir(bucket):
   ]
   assert steps == sorted(set(steps)) and steps[-1] == 6  # No duplicates.
 
-  saved = load_config(uri)  # Eval and sample read only the workdir.
-  result = loop.evaluate_checkpoint(saved, uri)
+  # --mode=eval|sample with only --workdir: the config is the saved one.
+  result = modes.run(modes.saved_config(uri, 'eval'), uri, 'eval')
   assert result['step'] == 6 and np.isfinite(result['bits_per_token'])
   assert json.loads((local / 'eval_validation.json').read_text())['step'] == 6
+  saved = modes.saved_config(uri, 'sample')
   saved.sample.num_samples = 2
-  stats = loop.sample_checkpoint(saved, uri)
+  stats = modes.run(saved, uri, 'sample')
   assert stats['step'] == 6
   assert len(progress.first_samples(paths.join(uri, 'samples.txt'))) == 2
   text = progress.mode_summary(stats, 'sample', uri)
@@ -210,3 +211,14 @@ def test_a_claim_overwritten_while_settling_is_refused(bucket, monkeypatch):
 def test_lease_timing_is_checked(bucket):
   with pytest.raises(ValueError, match='heartbeat_s'):
     WorkdirLock(bucket[0], heartbeat_s=700, stale_after_s=600)
+
+
+def test_plan_and_wandb_id_files_go_to_the_bucket(bucket):
+  from ddlm_jax.training import log_backends, plan
+
+  uri, local = bucket
+  assert plan.write({'fits': True}, uri) == 'gs://bucket/run/plan.json'
+  assert json.loads((local / 'plan.json').read_text()) == {'fits': True}
+  first = log_backends._run_id(uri)  # A resumed W&B run keeps its id.
+  assert log_backends._run_id(uri) == first
+  assert (local / 'wandb_id').read_text() == first
