@@ -173,14 +173,7 @@ class WorkdirLock:
         _describe(previous),
         state,
       )
-    owner = {
-      'pid': os.getpid(),
-      'host': socket.gethostname(),
-      'started': datetime.datetime.now(datetime.UTC).isoformat(
-        timespec='seconds'
-      ),
-      'command': ' '.join(sys.argv)[:300],
-    }
+    owner = _owner_record()
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, (json.dumps(owner) + '\n').encode())
