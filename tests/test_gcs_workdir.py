@@ -233,3 +233,32 @@ def test_plan_and_wandb_id_files_go_to_the_bucket(bucket):
   first = log_backends._run_id(uri)  # A resumed W&B run keeps its id.
   assert log_backends._run_id(uri) == first
   assert (local / 'wandb_id').read_text() == first
+
+
+def test_an_unreadable_checkpoint_is_set_aside_in_the_bucket(bucket):
+  from test_checkpoint import (
+    _abstract,
+    _equal,
+    _flip_largest_state_file,
+    _saved,
+    _state,
+  )
+
+  from ddlm_jax.training.checkpoint import Checkpointer, has_checkpoint
+
+  uri, local = bucket
+  directory = paths.join(uri, 'checkpoints')
+  assert not has_checkpoint(directory)
+  states = _saved(directory)
+  assert has_checkpoint(directory)
+  flipped = _flip_largest_state_file(local / 'checkpoints' / '2')
+  ckpt = Checkpointer(directory)
+  try:
+    state, data, step = ckpt.restore_latest(_abstract(_state()))
+    assert step == 1 and data == {'pos': 1} and _equal(state, states[1])
+    assert ckpt.set_aside() == ['gs://bucket/run/checkpoints/2.corrupt']
+    kept = local / 'checkpoints' / '2.corrupt'
+    assert (kept / flipped.relative_to(local / 'checkpoints' / '2')).is_file()
+    assert ckpt.all_steps() == [1]
+  finally:
+    ckpt.close()
