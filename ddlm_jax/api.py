@@ -32,6 +32,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from ddlm_jax import paths
 from ddlm_jax.data import source_registry, sources
 from ddlm_jax.data import tokenizers as tok_lib
 from ddlm_jax.evaluation import cost
@@ -75,10 +76,10 @@ class Score:
 
 def _latest_step(ckpt_dir: str) -> int:
   steps_found = []
-  if os.path.isdir(ckpt_dir):
-    for name in os.listdir(ckpt_dir):
-      done = os.path.join(ckpt_dir, name, 'commit_success.txt')
-      if name.isdigit() and os.path.exists(done):
+  if paths.isdir(ckpt_dir):
+    for name in paths.listdir(ckpt_dir):
+      done = paths.join(ckpt_dir, name, 'commit_success.txt')
+      if name.isdigit() and paths.exists(done):
         steps_found.append(int(name))
   if not steps_found:
     raise FileNotFoundError(
@@ -113,9 +114,9 @@ def restore_params(workdir: str, abstract_params, *, use_ema: bool):
   """
   import orbax.checkpoint as ocp
 
-  ckpt_dir = os.path.join(os.path.abspath(workdir), 'checkpoints')
+  ckpt_dir = paths.join(paths.absolute(workdir), 'checkpoints')
   step = _latest_step(ckpt_dir)
-  path = os.path.join(ckpt_dir, str(step), 'state')
+  path = paths.join(ckpt_dir, str(step), 'state')
   checkpointer = ocp.PyTreeCheckpointer()
   with _quiet('absl'):  # Orbax warns of a metadata file runs never write.
     meta = checkpointer.metadata(path)
@@ -451,7 +452,8 @@ def load(workdir: str, *, use_ema: bool | None = None) -> Model:
   """The run saved in `workdir`, parameters only, ready for text.
 
   Args:
-    workdir: a run directory (config.json, tokenizer/, checkpoints/).
+    workdir: a run directory (config.json, tokenizer/, checkpoints/):
+      local or any `etils.epath` URI (gs://bucket/run).
     use_ema: evaluate with the EMA parameters (default: the run's
       eval.use_ema); ignored when the run kept no EMA.
   """
@@ -465,8 +467,8 @@ def load(workdir: str, *, use_ema: bool | None = None) -> Model:
       f'{workdir} is a {kind!r} run; ddlm_jax.load reads language-model '
       'runs (evaluate this one with python -m experiments.run --mode=eval).'
     )
-  tok_dir = os.path.join(workdir, 'tokenizer')
-  if not os.path.isdir(tok_dir):
+  tok_dir = paths.join(workdir, 'tokenizer')
+  if not paths.isdir(tok_dir):
     raise FileNotFoundError(
       f'{tok_dir} not found: {workdir} is not a complete run directory.'
     )

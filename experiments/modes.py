@@ -4,10 +4,9 @@ Kept apart from run.py (which defines absl flags at import) so tests and
 scripts can dispatch without flags.
 """
 
-import os
-
 import ml_collections
 
+from ddlm_jax import paths
 from ddlm_jax.tasks import language_model, plans, state_tracking
 from ddlm_jax.tasks.language_model import load_config
 from ddlm_jax.tasks.planner import run_planner_executor
@@ -47,8 +46,8 @@ def saved_config(workdir: str | None, mode: str):
       '--mode=train needs --config (e.g. '
       '--config=experiments/configs/quickstart.py:smoke).'
     )
-  path = os.path.join(workdir or '', 'config.json')
-  if not workdir or not os.path.isfile(path):
+  path = paths.join(workdir or '', 'config.json')
+  if not workdir or not paths.isfile(path):
     raise FileNotFoundError(
       f'{path} not found: --mode={mode} without --config reads the config '
       'of a trained run; pass the workdir of one, or --config.'

@@ -149,7 +149,7 @@ def test_data_settings_refuse_values_out_of_range_before_any_read(
 
 
 def test_a_workdir_saved_with_an_older_data_block_still_loads(tmp_path):
-  from ddlm_jax.training.run import load_config
+  from ddlm_jax.tasks.language_model import load_config
 
   saved = quickstart.get_config('smoke').to_dict()
   saved['mesh']['shape'] = list(saved['mesh']['shape'])

@@ -33,11 +33,13 @@ import abc
 import dataclasses
 import hashlib
 import json
-import pathlib
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
+from ddlm_jax import paths
 
 TOKENIZER_FILENAME = 'ddlm_tokenizer.json'
 MASK_PLACEHOLDER = '_'
@@ -123,9 +125,13 @@ class Tokenizer(abc.ABC):
   def _from_config(cls, config: dict[str, Any]) -> Tokenizer:
     """Inverse of ``_config``."""
 
-  def save(self, directory: str | pathlib.Path) -> pathlib.Path:
-    """Writes ``directory/ddlm_tokenizer.json``; returns its path."""
-    path = pathlib.Path(directory)
+  def save(self, directory: str | os.PathLike):
+    """Writes ``directory/ddlm_tokenizer.json``; returns its path.
+
+    `directory` is local or any `etils.epath` URI (a gs:// workdir's
+    tokenizer/); the returned path is an `etils.epath.Path`.
+    """
+    path = paths.epath(directory)
     path.mkdir(parents=True, exist_ok=True)
     path = path / TOKENIZER_FILENAME
     config = {'format_version': _FORMAT_VERSION, 'kind': self.kind}
@@ -295,11 +301,11 @@ class BPETokenizer(Tokenizer):
     return cls(hf)
 
   @classmethod
-  def from_file(cls, path: str | pathlib.Path) -> BPETokenizer:
+  def from_file(cls, path: str | os.PathLike) -> BPETokenizer:
     """Loads an HF ``tokenizer.json``, a ``ddlm_tokenizer.json`` or its dir."""
     from tokenizers import Tokenizer as HFTokenizer
 
-    path = pathlib.Path(path)
+    path = paths.epath(path)
     if path.is_dir():
       path = path / TOKENIZER_FILENAME
     config = json.loads(path.read_text(encoding='utf-8'))
@@ -435,13 +441,13 @@ def build_tokenizer(kind: str, train_text: str, **kwargs) -> Tokenizer:
   )
 
 
-def load_tokenizer(directory: str | pathlib.Path) -> Tokenizer:
+def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
   """Loads the tokenizer that ``Tokenizer.save(directory)`` wrote, any kind.
 
   The one loader of saved tokenizers: a run directory's ``tokenizer/``, a
   ``ddlm_tokenizer.json`` path or its folder.
   """
-  path = pathlib.Path(directory)
+  path = paths.epath(directory)  # Local or a URI (gs://...).
   if path.is_dir():
     path = path / TOKENIZER_FILENAME
   if not path.is_file():

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from collections.abc import Mapping
 
 import jax
@@ -35,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ddlm_jax import paths
 from ddlm_jax.data import pretrained
 from ddlm_jax.interop import llama_family as hf_lib
 from ddlm_jax.models.llama_family import LlamaFamily, LlamaFamilyConfig
@@ -63,12 +63,15 @@ _DERIVED = ('data_vocab_size', 'forbid_mask_output')
 
 
 def copy_tokenizer(src: str, dst: str) -> list[str]:
-  """Copies the tokenizer files present in src into dst; their names."""
-  found = [f for f in TOKENIZER_FILES if os.path.exists(os.path.join(src, f))]
+  """Copies the tokenizer files present in src into dst; their names.
+
+  Either side may be local or a URI (a gs:// workdir's tokenizer/).
+  """
+  found = [f for f in TOKENIZER_FILES if paths.exists(paths.join(src, f))]
   if found:
-    os.makedirs(dst, exist_ok=True)
+    paths.makedirs(dst)
   for f in found:
-    shutil.copy2(os.path.join(src, f), os.path.join(dst, f))
+    paths.copy_file(paths.join(src, f), paths.join(dst, f))
   return found
 
 
@@ -82,14 +85,13 @@ def model_block(cfg: LlamaFamilyConfig) -> dict:
 
 def read_config(workdir: str) -> LlamaFamilyConfig:
   """The model config of a converted (or fine-tuned) directory."""
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  path = paths.join(workdir, 'config.json')
+  if not paths.exists(path):
     raise FileNotFoundError(
       f'{path} not found: convert a checkpoint first (python -m '
       'experiments.convert --from=hf ...).'
     )
-  with open(path) as f:
-    model = dict(json.load(f).get('model', {}))
+  model = dict(json.loads(paths.read_text(path)).get('model', {}))
   backbone = model.pop('backbone', None)
   if backbone not in hf_lib.ARCHS:
     raise ConfigError(
@@ -133,7 +135,7 @@ def convert_hf(
     raise ConfigError(
       f'param_dtype={param_dtype!r}; choose one of {list(DTYPES)}.'
     )
-  if os.path.exists(os.path.join(workdir, CHECKPOINTS_DIR)):
+  if paths.exists(paths.join(workdir, CHECKPOINTS_DIR)):
     raise FileExistsError(
       f'{workdir}/{CHECKPOINTS_DIR} exists; convert into an empty directory.'
     )
@@ -148,27 +150,29 @@ def convert_hf(
   params = hf_lib.load_params(
     src, cfg, mesh=mesh, param_dtype=DTYPES[param_dtype]
   )
-  os.makedirs(workdir, exist_ok=True)
-  tok_dir = os.path.join(workdir, TOKENIZER_DIR)
+  paths.makedirs(workdir)
+  tok_dir = paths.join(workdir, TOKENIZER_DIR)
   tok = copy_tokenizer(src, tok_dir)
   if 'tokenizer.json' in tok:
     # The suite's own tokenizer file beside it: what a run's data reads.
     pretrained.load_hf_tokenizer(tok_dir).save(tok_dir)
-  ckpt = Checkpointer(os.path.join(workdir, CHECKPOINTS_DIR))
+  ckpt = Checkpointer(paths.join(workdir, CHECKPOINTS_DIR))
   try:
     ckpt.save(0, _initial_state(params), None, force=True)
     ckpt.wait()
   finally:
     ckpt.close()
   config = {**run_config, 'model': model_block(cfg)}
-  with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    json.dump(config, f, indent=2)
+  paths.write_text(
+    paths.join(workdir, 'config.json'), json.dumps(config, indent=2)
+  )
   source = dict(
     format='hf', arch=arch, model_type=hf.get('model_type'),
     param_dtype=param_dtype, tokenizer_files=tok,
   )  # fmt: skip
-  with open(os.path.join(workdir, SOURCE_FILE), 'w') as f:
-    json.dump(source, f, indent=2)
+  paths.write_text(
+    paths.join(workdir, SOURCE_FILE), json.dumps(source, indent=2)
+  )
   return cfg
 
 
@@ -186,9 +190,8 @@ def load(workdir: str, *, mesh=None, use_ema: bool = False, **overrides):
   abstract = hf_lib.abstract_params(cfg)
   shardings = state_lib.param_shardings(abstract, mesh, hf_lib.rules_for(mesh))
   source = {}
-  if os.path.exists(os.path.join(workdir, SOURCE_FILE)):
-    with open(os.path.join(workdir, SOURCE_FILE)) as f:
-      source = json.load(f)
+  if paths.exists(paths.join(workdir, SOURCE_FILE)):
+    source = json.loads(paths.read_text(paths.join(workdir, SOURCE_FILE)))
   dtype = DTYPES[source.get('param_dtype', 'float32')]
   params = jax.tree.map(
     lambda v, s: jax.ShapeDtypeStruct(v.shape, dtype, sharding=s),
@@ -205,7 +208,7 @@ def load(workdir: str, *, mesh=None, use_ema: bool = False, **overrides):
     rng=scalar(initial.rng),
     bad_step=scalar(initial.bad_step),
   )
-  ckpt = Checkpointer(os.path.join(workdir, CHECKPOINTS_DIR))
+  ckpt = Checkpointer(paths.join(workdir, CHECKPOINTS_DIR))
   try:
     found = ckpt.restore_latest(target, initial_state=initial)
   finally:
@@ -225,5 +228,5 @@ def export_hf(workdir: str, out_dir: str, dtype: str = 'float32') -> list[str]:
   cfg, model = load(workdir)
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   files = hf_lib.export_params(cfg, params, out_dir, dtype)
-  copy_tokenizer(os.path.join(workdir, TOKENIZER_DIR), out_dir)
+  copy_tokenizer(paths.join(workdir, TOKENIZER_DIR), out_dir)
   return files

@@ -23,12 +23,11 @@ again on the same workdir.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import ml_collections
 import numpy as np
 
+from ddlm_jax import paths
 from ddlm_jax.data import zero_shot as zs_data
 from ddlm_jax.evaluation import cost, zero_shot
 from ddlm_jax.evaluation.likelihood import evaluate_likelihood
@@ -142,7 +141,7 @@ def check_sample_config(
     'sample.batch_size', sample.get('batch_size', 0), lo=0, integer=True
   )
   scorer = sample.get('scorer', '')
-  if num and scorer and not os.path.exists(os.path.join(scorer, 'config.json')):
+  if num and scorer and not paths.exists(paths.join(scorer, 'config.json')):
     raise ConfigError(
       f'sample.scorer={scorer!r} is not a run directory (no config.json): '
       "train the AR scorer run first, or pass --config.sample.scorer=''."
@@ -169,7 +168,7 @@ def check_sample_config(
         'network: set --config.sample.light_workdir to the run directory '
         'of a trained light network.'
       )
-    if not os.path.exists(os.path.join(light, 'config.json')):
+    if not paths.exists(paths.join(light, 'config.json')):
       raise ConfigError(
         f'sample.light_workdir={light!r} is not a run directory (no '
         'config.json): train the light network first.'
@@ -291,7 +290,7 @@ class Run:
       # A reader: training writes through fit's own Checkpointer, under
       # the workdir's lock; this one creates, moves and deletes nothing.
       self._checkpointer = Checkpointer(
-        os.path.join(self.workdir, 'checkpoints'),
+        paths.join(self.workdir, 'checkpoints'),
         max_to_keep=self.trainer_config.max_checkpoints,
         read_only=True,
       )
@@ -533,8 +532,8 @@ def load_config(workdir: str, overrides: dict | None = None):
   Keys renamed since the run was saved are moved first (migrate_config),
   so old runs load; overrides must use the new names.
   """
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.exists(path):
+  path = paths.join(workdir, 'config.json')
+  if not paths.exists(path):
     raise FileNotFoundError(
       f'{path} not found: {workdir} is not a run directory (train it with '
       'python -m experiments.run first).'
@@ -609,7 +608,7 @@ def train_and_evaluate(
   if (
     jax.process_index() == 0
     and 'preempted_at_step' not in summary
-    and os.path.exists(os.path.join(workdir, 'metrics.jsonl'))
+    and paths.exists(paths.join(workdir, 'metrics.jsonl'))
   ):
     plots.plot_curves(workdir)
   return summary
@@ -621,7 +620,7 @@ def _restored(config, workdir: str) -> tuple[Run, int]:
   An empty workdir is refused before the Run is built, which would write
   the tokenizer; the restore itself creates and moves nothing.
   """
-  if not has_checkpoint(os.path.join(workdir, 'checkpoints')):
+  if not has_checkpoint(paths.join(workdir, 'checkpoints')):
     raise no_checkpoint(workdir)
   run = Run(config, workdir)
   step = run.restore()
@@ -640,7 +639,7 @@ def evaluate_checkpoint(config, workdir: str, split='validation') -> dict:
     time_samples=config.eval.final_time_samples,
   )
   result['step'] = step
-  write_json(os.path.join(workdir, f'eval_{split}.json'), result)
+  write_json(paths.join(workdir, f'eval_{split}.json'), result)
   run.close()
   return result
 
@@ -690,5 +689,5 @@ def evaluate_zero_shot(
     results[name] = zero_shot.evaluate_dataset(run, name, **kwargs)
     results[name]['step'] = step
   if jax.process_index() == 0:
-    write_json(os.path.join(workdir, 'zero_shot.json'), results)
+    write_json(paths.join(workdir, 'zero_shot.json'), results)
   return results

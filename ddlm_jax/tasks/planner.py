@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ddlm_jax import paths
 from ddlm_jax.data.planning_tasks import PlanningTask, get_task
 from ddlm_jax.diffusion.autoregressive import Autoregressive
 from ddlm_jax.diffusion.masked import token_cross_entropy
@@ -368,7 +369,7 @@ def train_role(config, role: str, models_dir: str) -> tuple[Any, dict]:
   )
   if role == 'planner':
     path = os.path.join(directory, 'validation.json')
-    if not os.path.exists(path):
+    if not paths.exists(path):
       res = validate_planner(config, graphdef, params)
       metrics.write_json(path, res)
       print(f'planner validation plan accuracy: {res}', flush=True)
@@ -520,7 +521,7 @@ def train_projector(config, workdir: str, graphdefs: dict, params: dict):
   directory = os.path.join(workdir, 'projector')
   done = os.path.join(directory, 'checkpoints', str(num_steps(config, lat)))
   pool = None
-  if not os.path.exists(done):
+  if not paths.exists(done):
     t0 = time.time()
     pool = hidden_pool(config, spec, graphdefs['planner'], params['planner'])
     print(
@@ -659,7 +660,7 @@ def stage_dirs(config, workdir: str) -> dict[str, tuple[str, int]]:
 def check_trained(config, workdir: str) -> None:
   """--mode=eval: every stage must have its final checkpoint already."""
   for stage, (folder, steps) in stage_dirs(config, workdir).items():
-    if not os.path.isdir(os.path.join(folder, 'checkpoints', str(steps))):
+    if not paths.isdir(paths.join(folder, 'checkpoints', str(steps))):
       raise FileNotFoundError(
         f'--mode=eval: the {stage} stage has no final checkpoint (step '
         f'{steps}) in {folder}/checkpoints; train first (--mode=train).'
@@ -685,7 +686,7 @@ def run_planner_executor(config, workdir: str, *, mode: str = 'train'):
 
 
 def _run_pipeline(config, workdir: str) -> dict:
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   metrics.write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   t0 = time.time()
   models_dir = config.models_dir or os.path.join(workdir, 'models')

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 
 import jax
 import numpy as np
 
+from ddlm_jax import paths
 from ddlm_jax.data import source_registry, sources, tokenizers
 from ddlm_jax.data.settings import DataConfig
 from ddlm_jax.diffusion import base as process_base
@@ -267,9 +267,9 @@ def prepare_data(cfg: DataConfig, workdir: str | None) -> Data:
   """
   if not isinstance(cfg, DataConfig):
     cfg = data_settings(cfg)
-  tok_dir = os.path.join(workdir, 'tokenizer') if workdir else None
-  has_saved = bool(tok_dir) and os.path.exists(
-    os.path.join(tok_dir, tokenizers.TOKENIZER_FILENAME)
+  tok_dir = paths.join(workdir, 'tokenizer') if workdir else None
+  has_saved = bool(tok_dir) and paths.exists(
+    paths.join(tok_dir, tokenizers.TOKENIZER_FILENAME)
   )
   saved = tokenizers.load_tokenizer(tok_dir) if has_saved else None
   source = source_registry.build_source(cfg, tokenizer=saved)

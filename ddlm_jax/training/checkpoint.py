@@ -3,7 +3,8 @@
 Wraps orbax's CheckpointManager. Saves are asynchronous; `wait` and `close`
 surface any error a background save hit. Restores go into a target that
 carries the current shardings, so a run resumes on whatever mesh it is
-launched with.
+launched with. The directory is local or any `etils.epath` URI (gs://):
+orbax writes both, and this module reads listings through ddlm_jax.paths.
 
 Nothing that might be good data is ever deleted. Each save records a manifest
 (path -> shape, dtype) and a cheap fingerprint (sum, sum of squares) of every
@@ -41,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ddlm_jax import paths
 from ddlm_jax.errors import (  # noqa: F401  (re-exported)
   CheckpointSaveError,
   NoCheckpointError,
@@ -68,11 +70,11 @@ def has_checkpoint(directory: str) -> bool:
   before it builds (or writes) anything.
   """
   try:
-    names = os.listdir(directory)
+    names = paths.listdir(directory)
   except (FileNotFoundError, NotADirectoryError):
     return False
   return any(
-    n.isdigit() and os.path.isdir(os.path.join(directory, n)) for n in names
+    n.isdigit() and paths.isdir(paths.join(directory, n)) for n in names
   )
 
 
@@ -324,7 +326,7 @@ class Checkpointer:
         f'train.max_checkpoints must be an integer >= 1 (got {max_to_keep!r})'
         '; the newest checkpoint is always kept.'
       )
-    self.directory = os.path.abspath(directory)
+    self.directory = paths.absolute(directory)  # Local, or a URI.
     self.read_only = read_only
     self._async = async_
     self._max_to_keep = max_to_keep
@@ -337,7 +339,7 @@ class Checkpointer:
 
   def _open(self):
     self.manager = None
-    if self.read_only and not os.path.isdir(self.directory):
+    if self.read_only and not paths.isdir(self.directory):
       return  # A reader creates nothing: no directory, no checkpoints.
     _use_coordination_barriers()
     if self.read_only:
@@ -382,11 +384,11 @@ class Checkpointer:
 
   def set_aside(self) -> list[str]:
     """Paths of checkpoints moved aside as unreadable (<step>.corrupt*)."""
-    if not os.path.isdir(self.directory):
+    if not paths.isdir(self.directory):
       return []
     return sorted(
-      os.path.join(self.directory, name)
-      for name in os.listdir(self.directory)
+      paths.join(self.directory, name)
+      for name in paths.listdir(self.directory)
       if '.corrupt' in name and name.split('.', 1)[0].isdigit()
     )
 
@@ -704,10 +706,11 @@ class Checkpointer:
     return treedef.unflatten([out[name] for name, _ in kids])
 
   def _quarantine(self, step: int, err: BaseException):
-    src = os.path.join(self.directory, str(step))
+    src = paths.join(self.directory, str(step))
     dst = src + '.corrupt'
     n = 0
-    while os.path.lexists(dst):  # Never overwrite an earlier quarantine.
+    # Never overwrite an earlier quarantine (a dangling link counts).
+    while paths.exists(dst) or os.path.islink(dst):
       n += 1
       dst = f'{src}.corrupt.{n}'
     why = str(err).splitlines()[0][:300] if str(err) else ''
@@ -722,8 +725,8 @@ class Checkpointer:
       dst,
     )
     self.manager.close()
-    if jax.process_index() == 0 and os.path.exists(src):
-      os.rename(src, dst)
+    if jax.process_index() == 0 and paths.exists(src):
+      paths.rename(src, dst)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
 

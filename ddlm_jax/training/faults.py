@@ -15,6 +15,7 @@ import errno
 import json
 import os
 
+from ddlm_jax import paths
 from ddlm_jax.errors import (
   AllCheckpointsCorruptError,
   CheckpointSaveError,
@@ -86,8 +87,7 @@ def os_error_reason(err: BaseException) -> str | None:
 def read_json(path: str, what: str = 'file'):
   """json.load of `path`, with a CorruptFileError naming it if unparsable."""
   try:
-    with open(path, encoding='utf-8') as f:
-      return json.load(f)
+    return json.loads(paths.read_text(path))  # Local or a URI.
   except (json.JSONDecodeError, UnicodeDecodeError) as err:
     raise CorruptFileError(
       f'{path} ({what}) is corrupt or truncated: {err}. Restore it from a '

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 
+from ddlm_jax import paths
 from ddlm_jax.training.config import ConfigError
 
 BACKENDS = ('jsonl', 'tensorboard', 'wandb')
@@ -115,7 +116,7 @@ class WandbWriter:
     import wandb
 
     mode = wandb_mode(log_cfg.get('wandb_mode', 'auto'))
-    name = os.path.basename(os.path.normpath(os.path.abspath(workdir)))
+    name = paths.absolute(workdir).rstrip('/').rsplit('/', 1)[-1]
     self.mode = mode
     self._run = wandb.init(
       project=log_cfg.get('wandb_project', '') or 'ddlm_jax',
@@ -124,7 +125,8 @@ class WandbWriter:
       # A stable id: a resumed run appends to the same W&B run.
       id=_run_id(workdir),
       resume='allow',
-      dir=workdir,
+      # W&B keeps its files on a local disk: a URI workdir's go to ./wandb.
+      dir=None if paths.is_remote(workdir) else workdir,
       mode=mode,
       config=config or {},
       reinit='create_new',
@@ -139,15 +141,13 @@ class WandbWriter:
 
 def _run_id(workdir: str) -> str:
   """An id kept in workdir/wandb_id, made on first use."""
-  path = os.path.join(workdir, 'wandb_id')
-  if os.path.exists(path):
-    with open(path) as f:
-      return f.read().strip()
+  path = paths.join(workdir, 'wandb_id')
+  if paths.exists(path):
+    return paths.read_text(path).strip()
   import uuid
 
   run_id = uuid.uuid4().hex[:12]
-  with open(path, 'w') as f:
-    f.write(run_id)
+  paths.write_text(path, run_id)
   return run_id
 
 

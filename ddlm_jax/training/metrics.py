@@ -1,64 +1,29 @@
 """Run records: JSON-lines metrics (plus the configured log backends),
 progress lines.
 
-Records go to local paths or to any `etils.epath` URI (``gs://bucket/run``):
-remote files are written whole (object stores have no append), local ones
-as before.
+Records go to local paths or to any `etils.epath` URI (``gs://bucket/run``)
+through ddlm_jax.paths: remote files are written whole (object stores have
+no append), local ones are appended to.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 
 import numpy as np
 
+from ddlm_jax import paths
 
-def is_remote(path) -> bool:
-  """Whether `path` is a URI (gs://, s3://, ...) rather than a local path."""
-  text = str(path)
-  return '://' in text and not text.startswith('file://')
-
-
-def join(workdir, *names) -> str:
-  """workdir/name for local paths and URIs alike (no OS separators)."""
-  text = str(workdir)
-  if not is_remote(text):
-    return os.path.join(text, *names)
-  return '/'.join([text.rstrip('/'), *names])
-
-
-def _epath(path):
-  from etils import epath
-
-  return epath.Path(path)
-
-
-def exists(path) -> bool:
-  return _epath(path).exists() if is_remote(path) else os.path.exists(path)
-
-
-def read_text(path) -> str:
-  if is_remote(path):
-    return _epath(path).read_text()
-  with open(path) as f:
-    return f.read()
-
-
-def write_text(path, text: str) -> None:
-  """Writes a whole file: atomically on local disks (tmp + rename); an
-  object store's single write is atomic already."""
-  if is_remote(path):
-    target = _epath(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-    return
-  with open(path + '.tmp', 'w') as f:
-    f.write(text)
-  os.replace(path + '.tmp', path)
+# The path functions records use, here for callers that import them from
+# the records module.
+is_remote = paths.is_remote
+join = paths.join
+exists = paths.exists
+read_text = paths.read_text
+write_text = paths.write_text
 
 
 def _plain(value):

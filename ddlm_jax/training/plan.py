@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ddlm_jax import paths
 from ddlm_jax.evaluation import cost
 from ddlm_jax.parallel import batch_sharding, replicated
 from ddlm_jax.training import steps
@@ -699,10 +700,9 @@ def table(plan: Mapping) -> str:
 
 def write(plan: Mapping, workdir: str) -> str:
   """Writes workdir/plan.json; returns its path."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, 'plan.json')
-  with open(path, 'w') as f:
-    json.dump(plan, f, indent=2, default=str)
+  paths.makedirs(workdir)
+  path = paths.join(workdir, 'plan.json')
+  paths.write_text(path, json.dumps(plan, indent=2, default=str))
   return path
 
 

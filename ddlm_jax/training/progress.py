@@ -19,6 +19,7 @@ import os
 import sys
 import time
 
+from ddlm_jax import paths
 from ddlm_jax.training.metrics import format_duration
 
 # Fewer batches than this pass without a bar (a periodic evaluation).
@@ -82,14 +83,17 @@ def _bound(ev: dict) -> str:
 
 
 def _newest(workdir: str, pattern: str) -> str | None:
-  paths = glob.glob(os.path.join(workdir, pattern))
-  return max(paths, key=os.path.getmtime) if paths else None
+  if paths.is_remote(workdir):  # An object store: listed through epath.
+    hits = paths.epath(workdir).glob(pattern)
+    found = [(p.stat().mtime, str(p)) for p in hits]
+    return max(found)[1] if found else None
+  found = glob.glob(os.path.join(workdir, pattern))
+  return max(found, key=os.path.getmtime) if found else None
 
 
 def first_samples(path: str, n: int = SHOWN_SAMPLES) -> list[str]:
   """The first `n` samples of a samples file, each cut to SHOWN_CHARS."""
-  with open(path) as f:
-    text = f.read()
+  text = paths.read_text(path)
   parts = [p for p in text.split('=== sample ')[1:] if p.strip()]
   out = []
   for part in parts[:n]:
@@ -178,8 +182,8 @@ def mode_summary(
   else:
     lines = _scalar_lines(result)
   for name in ('summary.json', 'metrics.jsonl', 'curves.png'):
-    if mode == 'train' and os.path.exists(os.path.join(workdir, name)):
-      lines.append(f'{name}: {os.path.join(workdir, name)}')
+    if mode == 'train' and paths.exists(paths.join(workdir, name)):
+      lines.append(f'{name}: {paths.join(workdir, name)}')
   return '\n'.join(['--- ' + mode + ' done ---', *lines])
 
 

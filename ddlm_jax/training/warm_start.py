@@ -10,12 +10,10 @@ scalars keep their initial values), and the reverse direction drops them.
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import jax
 import numpy as np
 
+from ddlm_jax import paths
 from ddlm_jax.data import tokenizers
 
 SOFT_MASK_KEYS = frozenset({'net', 'soft_mask'})
@@ -23,17 +21,16 @@ SOFT_MASK_KEYS = frozenset({'net', 'soft_mask'})
 
 def copy_tokenizer(src_workdir: str, workdir: str) -> None:
   """Copies src/tokenizer into workdir unless workdir already has one."""
-  src = os.path.join(src_workdir, 'tokenizer')
-  dst = os.path.join(workdir, 'tokenizer')
-  if os.path.exists(os.path.join(dst, tokenizers.TOKENIZER_FILENAME)):
+  src = paths.join(src_workdir, 'tokenizer')
+  dst = paths.join(workdir, 'tokenizer')
+  if paths.exists(paths.join(dst, tokenizers.TOKENIZER_FILENAME)):
     return
-  if not os.path.exists(os.path.join(src, tokenizers.TOKENIZER_FILENAME)):
+  if not paths.exists(paths.join(src, tokenizers.TOKENIZER_FILENAME)):
     raise FileNotFoundError(
       f'train.init_from={src_workdir!r} has no tokenizer/: it is not a '
       'finished run directory (train it first, or fix the path).'
     )
-  os.makedirs(workdir, exist_ok=True)
-  shutil.copytree(src, dst, dirs_exist_ok=True)
+  paths.copy_tree(src, dst)  # Either side local or a URI.
 
 
 def _is_soft_masked(params) -> bool:
