@@ -171,9 +171,7 @@ def main(argv):
       # normal interpreter shutdown lets them print tracebacks after this
       # line. Every complete checkpoint is on disk already (the line names
       # the newest), so the process ends here.
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(code)
+      faults.exit_now(code)
     sys.exit(code)
   print(mode_summary(result, mode, workdir, _SPLIT.value))
   if isinstance(result, dict) and 'preempted_at_step' in result:
