@@ -27,7 +27,11 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from ddlm_jax.evaluation.sample_run import name_samples
-from ddlm_jax.parallel import initialize_distributed, keep_freed_memory
+from ddlm_jax.parallel import (
+  initialize_distributed,
+  keep_freed_memory,
+  liveness,
+)
 from ddlm_jax.training import faults, plan
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.fit import PREEMPTED_EXIT_CODE
@@ -161,6 +165,7 @@ def main(argv):
       config, workdir, mode, _SPLIT.value, allow_fresh_start=_FRESH.value
     )
   except Exception as err:  # noqa: BLE001 - faults get one line, bugs raise.
+    liveness.settle()  # A lost peer's line (and exit 134) comes first.
     answer = faults.explain(err, workdir)
     if debug or answer is None:
       raise
