@@ -162,3 +162,146 @@ def test_a_killed_process_stops_the_other_and_both_resume(tmp_path, victim):
   assert [p.returncode for p in procs] == [0, 0], out[-3000:]
   assert f'resumed from step {newest} ' in out
   assert _steps(workdir)[-1] == newest + 4
+
+
+# ------------------------------------------ the pieces, without processes
+
+# JAX's own report before its abort, as the survivor of a killed worker
+# prints it (coordination service, then the client), and as a process
+# prints it when process 0 and its service are gone.
+_WORKER_REPORT = """\
+E1204 20:36:03.010646    6538 coordination_service.cc:1549] [1814] Use error \
+polling to propagate the following error to all tasks: UNAVAILABLE: The \
+following tasks are unhealthy (stopped sending heartbeats):
+1
+The tasks have crashed. Check the task logs for an earlier error.
+E1204 20:36:03.011061    6549 coordination_service_agent.cc:289] Polled an \
+error from coordination service (this can be an error from this or another \
+task).
+F1204 20:36:03.011118    6549 client.h:80] Terminating process because the \
+JAX distributed service detected fatal errors. This most likely indicates \
+that another task died. absl::Status: UNAVAILABLE: The following tasks are \
+unhealthy (stopped sending heartbeats):
+1
+*** Check failure stack trace: ***
+    @     0x7feb42640634  absl::log_internal::LogMessage::SendToLog()
+"""
+_COORDINATOR_REPORT = """\
+W1204 20:37:33.375048   13237 preemption_sync_manager.cc:147] Failed to \
+retrieve preemption notice from coordination service: UNAVAILABLE: Socket \
+closed
+F1204 20:37:33.375140   13237 client.h:80] Terminating process because the \
+JAX distributed service detected fatal errors. absl::Status: UNAVAILABLE: \
+Failed to send RPC to coordination service. Either the leader task was \
+preempted/died/restarted unexpectedly or this task is experiencing network \
+issues.
+*** Check failure stack trace: ***
+"""
+
+
+class _Clock:
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
+def _filtered(text, clock=None, idle_after=None):
+  from ddlm_jax.parallel import stderr_guard
+
+  filt = stderr_guard.Filter(2, **({'clock': clock} if clock else {}))
+  out = ''.join(filt.feed(line) for line in text.splitlines(keepends=True))
+  if idle_after is not None:
+    clock.now = idle_after
+    out += filt.tick()
+  return out + filt.tick(final=True)
+
+
+@pytest.mark.parametrize(
+  'report, lost', [(_WORKER_REPORT, 1), (_COORDINATOR_REPORT, 0)]
+)
+def test_jax_abort_report_becomes_the_one_line(report, lost):
+  before = 'step 60/100 | loss 1.47\n[Gloo] Rank 0 is connected\n'
+  after = 'error: Saving checkpoint failed: TimeoutError\n'
+  out = _filtered(before + report + after)
+  assert out.startswith(before)
+  line = out[len(before) :]
+  assert line.startswith(f'error: lost process {lost} of 2')
+  assert line.count('\n') == 1 and 'start all processes again' in line
+  assert ('coordinator' in line) == (lost == 0)
+
+
+def test_the_runs_own_lost_line_ends_the_output():
+  from ddlm_jax.parallel import stderr_guard
+
+  ours = stderr_guard.lost_line(1, 2, 10) + '\n'
+  assert 'silent for 10 s' in ours
+  out = _filtered('step 1\n' + ours + _WORKER_REPORT)
+  assert out == 'step 1\n' + ours
+
+
+def test_coordination_lines_without_an_abort_pass_a_moment_later():
+  from ddlm_jax.parallel import stderr_guard
+
+  warn = 'W1204 20:37:33.375048   13237 preemption_sync_manager.cc:147] slow\n'
+  clock = _Clock()
+  filt = stderr_guard.Filter(2, clock=clock)
+  assert filt.feed(warn) == '' and filt.feed('continued\n') == ''
+  clock.now = stderr_guard.HOLD_S / 2
+  assert filt.tick() == ''
+  clock.now = stderr_guard.HOLD_S
+  assert filt.tick() == warn + 'continued\n'
+  assert filt.feed('step 2\n') == 'step 2\n'
+
+
+def test_the_guard_script_filters_a_pipe():
+  """The filter as the run starts it: a separate python, stdlib only."""
+  from ddlm_jax.parallel import stderr_guard
+
+  out = subprocess.run(
+    [sys.executable, '-I', '-S', stderr_guard.__file__, '1', '2'],
+    input='step 3\n' + _COORDINATOR_REPORT + 'after the abort\n',
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  assert out.returncode == 0, out.stderr
+  assert out.stdout == ''
+  lines = out.stderr.splitlines()
+  assert lines[0] == 'step 3' and len(lines) == 2, out.stderr
+  assert lines[1].startswith('error: lost process 0 of 2 (the coordinator')
+
+
+def test_a_peer_is_lost_only_after_the_timeout_unless_done():
+  from ddlm_jax.parallel.liveness import stale
+
+  last = {1: (None, 0.0), 2: (None, 0.0)}
+  last, lost = stale(last, {1: '1', 2: '1'}, 1.0, 5.0)
+  assert lost is None and last == {1: ('1', 1.0), 2: ('1', 1.0)}
+  last, lost = stale(last, {1: '2', 2: '1'}, 5.5, 5.0)
+  assert lost is None  # Process 2 silent for 4.5 s: not yet.
+  last, lost = stale(last, {1: '3', 2: '1'}, 6.5, 5.0)
+  assert lost == 2 and last[1] == ('3', 6.5)
+  last, lost = stale(last, {1: 'done', 2: '2'}, 100.0, 5.0)
+  last, lost = stale(last, {1: 'done', 2: '3'}, 200.0, 5.0)
+  assert lost is None  # A finished process is never lost.
+
+
+def test_jax_heartbeat_timeout_is_twice_the_runs():
+  from ddlm_jax.parallel.mesh import LIVENESS_TIMEOUT_S, _timeouts
+
+  assert _timeouts({}) == (
+    LIVENESS_TIMEOUT_S,
+    {'heartbeat_timeout_seconds': 2 * LIVENESS_TIMEOUT_S},
+  )
+  env = {
+    'DDLM_JAX_HEARTBEAT_TIMEOUT_S': '10',
+    'DDLM_JAX_SHUTDOWN_TIMEOUT_S': '30',
+  }
+  assert _timeouts(env) == (
+    10,
+    {'heartbeat_timeout_seconds': 20, 'shutdown_timeout_seconds': 30},
+  )
+  with pytest.raises(ValueError, match='must be >= 1'):
+    _timeouts({'DDLM_JAX_HEARTBEAT_TIMEOUT_S': '0'})

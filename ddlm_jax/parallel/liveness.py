@@ -80,7 +80,7 @@ class Watchdog(threading.Thread):
     self.lock = threading.Lock()
 
   def run(self) -> None:
-    beat = 0
+    beat, failing_since = 0, None
     while not self.stopped.wait(self.beat_s):
       beat += 1
       try:
@@ -88,10 +88,16 @@ class Watchdog(threading.Thread):
           _key(self.process_id), str(beat), allow_overwrite=True
         )
         entries = dict(self.client.key_value_dir_get(_PREFIX))
-      except Exception:  # noqa: BLE001 - any failure: the service is gone.
-        if not self.stopped.is_set():
-          self.lose(0, None)
-        return
+        failing_since = None
+      except Exception:  # noqa: BLE001 - any failure: the service is silent.
+        # Process 0 hosts the service. Its death usually makes JAX abort
+        # this process at once (stderr_guard.py words that); a store that
+        # stays unreachable for the timeout means the same.
+        now = time.monotonic()
+        failing_since = failing_since or now
+        if now - failing_since > self.timeout_s and not self.stopped.is_set():
+          self.lose(0, self.timeout_s)
+        continue
       values = {p: entries.get(_key(p)) for p in self.last}
       with self.lock:
         self.last, lost = stale(

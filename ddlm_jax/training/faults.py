@@ -34,8 +34,9 @@ NO_INPUT = 66  # EX_NOINPUT: nothing to read (no checkpoint, no run dir).
 WORKDIR_IN_USE = 73  # Another live run holds the workdir's lock.
 WRITE_FAILED = 74  # EX_IOERR: disk full, directory unwritable or a file.
 PREEMPTED = 75  # EX_TEMPFAIL: SIGTERM/SIGINT; a checkpoint was saved.
-# A process of a multi-process run died: JAX's distributed runtime aborts
-# the others (SIGABRT; a shell sees 128 + 6) with a message naming it.
+# A process of a multi-process run died: the others stop with one line
+# naming it (parallel/liveness.py). 128 + SIGABRT, so JAX's own abort, the
+# fallback when process 0 and its service die first, reads the same.
 LOST_PROCESS = 134
 
 # Codes a retry loop restarts on (the run resumes from its checkpoint).
