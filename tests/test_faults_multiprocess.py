@@ -305,3 +305,64 @@ def test_jax_heartbeat_timeout_is_twice_the_runs():
   )
   with pytest.raises(ValueError, match='must be >= 1'):
     _timeouts({'DDLM_JAX_HEARTBEAT_TIMEOUT_S': '0'})
+
+
+class _Store:
+  """jax.distributed's key-value client, in memory (the calls used)."""
+
+  def __init__(self, broken=False):
+    self.data, self.broken = {}, broken
+
+  def key_value_set(self, key, value, allow_overwrite=False):
+    if self.broken:
+      raise TypeError('key_value_set() got an unexpected keyword argument')
+    assert allow_overwrite or key not in self.data
+    self.data[key] = value
+
+  def key_value_dir_get(self, prefix):
+    return [(k, v) for k, v in self.data.items() if k.startswith(prefix)]
+
+
+def _dog(store, monkeypatch, timeout_s=1.0):
+  from ddlm_jax.parallel import liveness
+
+  lost = []
+
+  def lose(self, process, silent_s):
+    lost.append(process)
+    self.stopped.set()
+
+  monkeypatch.setattr(liveness.Watchdog, 'lose', lose)
+  return liveness.Watchdog(store, 0, 2, timeout_s), lost
+
+
+def test_the_watchdog_names_a_peer_that_stops_beating(monkeypatch):
+  store = _Store()
+  dog, lost = _dog(store, monkeypatch)
+  dog.start()
+  for beat in range(8):  # Process 1 beats for 1.6 s: alive.
+    store.key_value_set('ddlm_jax/alive/1', str(beat), allow_overwrite=True)
+    time.sleep(0.2)
+  assert lost == [] and store.data['ddlm_jax/alive/0'] != '0'
+  assert dog.peers_answered_since(time.monotonic() - 0.5)
+  dog.join(timeout=10)  # Then silent: lost after the 1 s timeout.
+  assert lost == [1]
+
+
+def test_a_finished_peer_is_never_lost(monkeypatch):
+  store = _Store()
+  dog, lost = _dog(store, monkeypatch)
+  store.key_value_set('ddlm_jax/alive/1', 'done')
+  dog.start()
+  time.sleep(2.0)
+  dog.stop()
+  dog.join(timeout=10)
+  assert lost == [] and store.data['ddlm_jax/alive/0'] == 'done'
+
+
+def test_no_watchdog_where_the_store_refuses_the_first_beat(capsys):
+  from ddlm_jax.parallel import liveness
+
+  assert liveness.start(_Store(broken=True), 0, 2, 10) is None
+  assert liveness._active is None and liveness._guard is None
+  assert "JAX's own abort" in capsys.readouterr().err

@@ -134,12 +134,16 @@ class Watchdog(threading.Thread):
       pass
 
 
+_guard: subprocess.Popen | None = None
+
+
 def start_guard(process_id: int, num_processes: int) -> None:
   """Sends this process's stderr through stderr_guard.py from now on."""
+  global _guard
   read_fd, write_fd = os.pipe()
   real_fd = os.dup(2)
   try:
-    subprocess.Popen(
+    _guard = subprocess.Popen(
       [
         sys.executable,
         '-I',
@@ -153,6 +157,9 @@ def start_guard(process_id: int, num_processes: int) -> None:
       stderr=real_fd,
       close_fds=True,
     )
+  except OSError:
+    os.close(write_fd)
+    raise
   finally:
     os.close(read_fd)
     os.close(real_fd)
@@ -161,12 +168,33 @@ def start_guard(process_id: int, num_processes: int) -> None:
   os.close(write_fd)
 
 
-def start(client, process_id: int, num_processes: int, timeout_s) -> Watchdog:
-  """Starts the stderr guard and the watchdog (once per process)."""
+def start(
+  client, process_id: int, num_processes: int, timeout_s
+) -> Watchdog | None:
+  """Starts the stderr guard and the watchdog (once per process).
+
+  A store that refuses the first beat (a JAX whose client API changed)
+  starts neither: JAX's own abort then remains the answer to a lost
+  process, and a healthy run is never stopped by a watchdog that cannot
+  work. Returns the watchdog, or None then.
+  """
   global _active
   if _active is not None:
     return _active
-  start_guard(process_id, num_processes)
+  try:
+    client.key_value_set(_key(process_id), '0', allow_overwrite=True)
+    dict(client.key_value_dir_get(_PREFIX))
+  except Exception as err:  # noqa: BLE001 - any API mismatch: no watchdog.
+    print(
+      f'warning: no lost-process watchdog ({type(err).__name__}: {err}); '
+      "a lost process ends this one by JAX's own abort.",
+      file=sys.stderr,
+    )
+    return None
+  try:
+    start_guard(process_id, num_processes)
+  except OSError as err:  # No python to run the filter: unfiltered stderr.
+    print(f'warning: stderr filter not started: {err}', file=sys.stderr)
   _active = Watchdog(client, process_id, num_processes, timeout_s)
   _active.start()
   atexit.register(_active.stop)  # Runs before jax.distributed's shutdown.
