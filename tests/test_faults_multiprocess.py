@@ -378,3 +378,16 @@ def test_no_watchdog_where_the_store_refuses_the_first_beat(capsys):
   assert liveness.start(_Store(broken=True), 0, 2, 10) is None
   assert liveness._active is None and liveness._guard is None
   assert "JAX's own abort" in capsys.readouterr().err
+
+
+def test_the_lost_task_named_on_the_line_after_the_fatal_one():
+  """A process without the service sees only the client's report, whose
+  task ids follow the fatal line; the filter waits for them (or for the
+  stack trace, or a moment)."""
+  report = _WORKER_REPORT[_WORKER_REPORT.index('E1204 20:36:03.011061') :]
+  assert 'heartbeats):\n1\n*** Check' in report
+  out = _filtered('step 1\n' + report)
+  assert out.startswith('step 1\nerror: lost process 1 of 2:'), out
+  cut = report[: report.index('1\n*** Check')]  # The ids never came.
+  out = _filtered(cut, clock=_Clock(), idle_after=10.0)
+  assert out.startswith('error: lost process ? of 2:'), out

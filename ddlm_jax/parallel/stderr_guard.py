@@ -63,6 +63,8 @@ def lost_in_report(text: str) -> int | None:
     ids = [int(t) for t in re.findall(r'\d+', found.group(1))]
     if ids:
       return ids[0]
+  if 'stopped sending heartbeats' in text:  # Its task ids not read yet.
+    return None
   lowered = text.lower()
   if 'leader task' in lowered or 'coordination service' in lowered:
     return 0
@@ -77,33 +79,50 @@ class Filter:
     self.clock = clock
     self.held: list[str] = []
     self.held_at = 0.0
+    self.fatal: str | None = None  # JAX's fatal report, while it arrives.
     self.done = False  # A lost-process line was printed: drop the rest.
 
   def feed(self, line: str) -> str:
     if self.done:
       return ''
     if line.startswith(LOST_PREFIX):
-      self.done, self.held = True, []
+      self.done, self.held, self.fatal = True, [], None
       return line
+    if self.fatal is not None:
+      self.fatal += line
+      return self._lost(final=line.startswith('*** '))
+    if JAX_FATAL in line:
+      # The tasks JAX names may follow on the next lines of its report.
+      self.fatal, self.held = ''.join(self.held) + line, []
+      self.held_at = self.clock()
+      return self._lost(final=False)
     if self.held or _NATIVE.match(line):
       if not self.held:
         self.held_at = self.clock()
       self.held.append(line)
-      if JAX_FATAL in line:
-        lost = lost_in_report(''.join(self.held))
-        self.done, self.held = True, []
-        return lost_line(lost, self.num_processes) + '\n'
       return ''
     return line
 
-  def tick(self, final: bool = False) -> str:
-    """The held lines, once they waited HOLD_S (or at the end)."""
-    if self.done or not self.held:
+  def _lost(self, final: bool) -> str:
+    """The one line once the report names the lost process (or is over)."""
+    lost = lost_in_report(self.fatal)
+    waiting = lost is None and 'stopped sending heartbeats' in self.fatal
+    if waiting and not final:
       return ''
-    if final or self.clock() - self.held_at >= HOLD_S:
-      out, self.held = ''.join(self.held), []
-      return out
-    return ''
+    self.done, self.fatal = True, None
+    return lost_line(lost, self.num_processes) + '\n'
+
+  def tick(self, final: bool = False) -> str:
+    """The held lines (or the one line of an unfinished fatal report),
+    once they waited HOLD_S, or at the end."""
+    if self.done or not (self.held or self.fatal is not None):
+      return ''
+    if not final and self.clock() - self.held_at < HOLD_S:
+      return ''
+    if self.fatal is not None:
+      return self._lost(final=True)
+    out, self.held = ''.join(self.held), []
+    return out
 
 
 def main(argv) -> None:
