@@ -86,7 +86,9 @@ def run(
       config, workdir, allow_fresh_start=allow_fresh_start
     )
   if kind == 'planner_executor':
-    return run_planner_executor(config, workdir, mode=mode)
+    return run_planner_executor(
+      config, workdir, mode=mode, allow_fresh_start=allow_fresh_start
+    )
   if mode == 'eval':
     return language_model.evaluate_checkpoint(config, workdir, split)
   if mode == 'sample':

@@ -27,7 +27,11 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from ddlm_jax.evaluation.sample_run import name_samples
-from ddlm_jax.parallel import initialize_distributed, keep_freed_memory
+from ddlm_jax.parallel import (
+  initialize_distributed,
+  keep_freed_memory,
+  liveness,
+)
 from ddlm_jax.tasks import plans
 from ddlm_jax.training import faults
 from ddlm_jax.training.config import ConfigError
@@ -162,6 +166,7 @@ def main(argv):
       config, workdir, mode, _SPLIT.value, allow_fresh_start=_FRESH.value
     )
   except Exception as err:  # noqa: BLE001 - faults get one line, bugs raise.
+    liveness.settle()  # A lost peer's line (and exit 134) comes first.
     answer = faults.explain(err, workdir)
     if debug or answer is None:
       raise
@@ -172,9 +177,7 @@ def main(argv):
       # normal interpreter shutdown lets them print tracebacks after this
       # line. Every complete checkpoint is on disk already (the line names
       # the newest), so the process ends here.
-      sys.stdout.flush()
-      sys.stderr.flush()
-      os._exit(code)
+      faults.exit_now(code)
     sys.exit(code)
   print(mode_summary(result, mode, workdir, _SPLIT.value))
   if isinstance(result, dict) and 'preempted_at_step' in result:

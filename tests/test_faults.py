@@ -528,21 +528,13 @@ def test_cli_a_really_full_disk_is_one_line_and_resumes(tmp_path):
     ]
     out = _cli(*args)
     assert out.returncode == faults.WRITE_FAILED, out.stderr[-3000:]
-    # tensorstore's native write callbacks sometimes print asyncio's
-    # 'Event loop is closed' traceback themselves, below Python's hooks and
-    # interleaved with the run's own line; the run cannot silence those (a
-    # known remaining gap), so they are allowed. Nothing else may print a
-    # traceback, and the run's one line must be there whole.
+    # The run's one line and nothing else: orbax's error logs are dropped
+    # and the process ends right after the line, before tensorstore's
+    # native writer callbacks can print asyncio's closed-loop tracebacks.
     ours = re.findall(r'error: Saving checkpoint .*? to resume\.', out.stderr)
     assert len(ours) == 1, out.stderr
     assert 'The disk is full' in ours[0] and 'newest kept:' in ours[0]
-    rest = out.stderr.replace(ours[0], '\n')
-    files = re.findall(r'File "([^"]+)"', rest)
-    assert all(f.endswith('asyncio/base_events.py') for f in files), rest
-    errors = re.findall(r'\b(\w+Error): ', rest)
-    assert set(errors) <= {'RuntimeError'}, rest
-    closed = rest.count('RuntimeError: Event loop is closed')
-    assert rest.count('RuntimeError: ') == closed, rest
+    assert out.stderr.strip() == ours[0], out.stderr
     subprocess.run(['mount', '-o', 'remount,size=16M', str(small)], check=True)
     done = _cli(*args)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -608,6 +600,34 @@ def test_cli_all_checkpoints_corrupt_exits_65_until_allowed(tmp_path):
   assert fresh.returncode == 0, fresh.stderr[-3000:]
   assert 'training from step 0 as asked' in fresh.stdout
   assert any('.corrupt' in p.name for p in ck.iterdir())  # Still kept.
+
+
+@pytest.mark.slow
+def test_cli_planner_stage_all_corrupt_exits_65_until_allowed(tmp_path):
+  """A planner/executor stage refuses a silent retrain like an LM run."""
+  args = [
+    '--config=experiments/configs/planner_executor.py:direct,smoke',
+    f'--workdir={tmp_path}',
+  ]
+  assert _cli(*args).returncode == 0
+  ck = tmp_path / 'models' / 'direct' / 'checkpoints'
+  steps = [p for p in ck.iterdir() if p.name.isdigit()]
+  assert steps
+  for step in steps:
+    _garble(step)
+  out = _cli(*args)
+  assert out.returncode == faults.CORRUPT_FILES, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert 'Traceback' not in out.stderr, out.stderr
+  assert last.startswith('error: Every checkpoint') and str(ck) in last
+  assert '.corrupt' in last and '--allow_fresh_start' in last
+  assert not any(p.name.isdigit() for p in ck.iterdir())  # Nothing trained.
+  fresh = _cli(*args, '--allow_fresh_start')
+  assert fresh.returncode == 0, fresh.stderr[-3000:]
+  assert 'training from step 0 as asked' in fresh.stdout
+  names = {p.name for p in ck.iterdir()}
+  assert {f'{p.name}.corrupt' for p in steps} <= names  # Still kept.
+  assert {p.name for p in steps} <= names  # Trained again.
 
 
 _SIGTERM_IN_SAMPLING = """

@@ -2,25 +2,31 @@
 
 Two processes on localhost (jax.distributed, CPU gloo, 2 fake devices
 each; the launch of tests/test_multiprocess.py) train the quickstart smoke
-model with a checkpoint every 10 steps. At step 60 one of them is killed
+model with a checkpoint every 20 steps. At step 70 one of them is killed
 with SIGKILL. With DDLM_JAX_HEARTBEAT_TIMEOUT_S=10 the survivor must stop
-within the heartbeat timeout plus a margin, with JAX's message naming the
-lost process (or the lost coordination service when process 0 dies), and
-a restart of both must resume from the newest complete checkpoint (a save
-cut short leaves only an orbax temporary directory, never a step).
+within that timeout plus a margin, with the run's one line naming the lost
+process (the worker, or process 0, the coordinator) and nothing of JAX's
+native abort report, exit code 134 (or SIGABRT, which a shell also reports
+as 134), and a restart of both must resume from the newest complete
+checkpoint (a save cut short leaves only an orbax temporary directory,
+never a step) and log the very losses the first run logged.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
+import signal
 import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+from ddlm_jax.training import faults
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 HEARTBEAT_S = 10
@@ -30,8 +36,8 @@ ARGS = (
   'experiments.run',
   '--config=experiments/configs/quickstart.py:smoke',
   '--config.train.num_steps=100000',
-  '--config.train.checkpoint_every=10',
-  '--config.train.log_every=10',
+  '--config.train.checkpoint_every=20',
+  '--config.train.log_every=5',
   '--config.train.eval_every=0',
   '--config.sample.num_samples=0',
 )
@@ -101,6 +107,12 @@ def _kill_all(procs):
       p.wait()
 
 
+def _train_records(workdir) -> dict[int, dict]:
+  with open(workdir / 'metrics.jsonl') as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return {r['step']: r for r in records if r['split'] == 'train'}
+
+
 def _steps(workdir) -> list[int]:
   ck = workdir / 'checkpoints'
   return sorted(int(n) for n in os.listdir(ck) if n.isdigit())
@@ -113,7 +125,7 @@ def test_a_killed_process_stops_the_other_and_both_resume(tmp_path, victim):
   procs, logs = _start(workdir, tmp_path, 'first')
   try:
     deadline = time.monotonic() + 400
-    while 'step 60/' not in _read(logs[0]):
+    while 'step 70/' not in _read(logs[0]):
       assert all(p.poll() is None for p in procs), _read(logs[0])[-3000:]
       assert time.monotonic() < deadline, 'no progress'
       time.sleep(0.2)
@@ -127,18 +139,27 @@ def test_a_killed_process_stops_the_other_and_both_resume(tmp_path, victim):
     took = time.monotonic() - killed_at
   finally:
     _kill_all(procs)
-  out = _read(logs[1 - victim])
-  assert survivor.returncode != 0 and took < HEARTBEAT_S + MARGIN_S
-  if victim == 1:  # The coordination service names the silent task.
-    assert re.search(r'stopped sending heartbeats\):\s*1\b', out), out[-3000:]
-  else:  # The coordination service itself went with process 0.
-    assert 'coordination' in out.lower(), out[-3000:]
-  assert 'another task died' in out
+  # The survivor's one line (printed by its stderr filter process, which
+  # may end a moment after the survivor when JAX's abort came first).
+  lost = f'error: lost process {victim} of 2'
+  deadline = time.monotonic() + 10
+  while lost not in (out := _read(logs[1 - victim])):
+    assert time.monotonic() < deadline, out[-3000:]
+    time.sleep(0.2)
+  assert survivor.returncode in (faults.LOST_PROCESS, -signal.SIGABRT)
+  assert took < HEARTBEAT_S + MARGIN_S
+  tail = out[out.index('compiled and ran') :]
+  assert tail.count('error:') == 1, tail[-3000:]
+  assert 'start all processes again' in tail
+  # No native log lines, stack traces or Python tracebacks.
+  assert not re.search(r'^[IWEF]\d{4} ', tail, re.M), tail[-3000:]
+  assert 'Check failure' not in tail and 'Traceback' not in tail, tail
   newest = _steps(workdir)[-1]
-  assert newest >= 40  # The save at step 60 may have been cut short.
+  assert newest in (40, 60)  # The save at step 60 may have been cut short.
+  first = _train_records(workdir)  # Every 5 steps, up to 65 at least.
   # Both again, same command: they resume from the newest complete step.
   procs, logs = _start(
-    workdir, tmp_path, 'again', '--config.train.halt_after_steps=4'
+    workdir, tmp_path, 'again', '--config.train.halt_after_steps=5'
   )
   try:
     for p in procs:
@@ -148,4 +169,225 @@ def test_a_killed_process_stops_the_other_and_both_resume(tmp_path, victim):
   out = _read(logs[0])
   assert [p.returncode for p in procs] == [0, 0], out[-3000:]
   assert f'resumed from step {newest} ' in out
-  assert _steps(workdir)[-1] == newest + 4
+  assert _steps(workdir)[-1] == newest + 5
+  # The resumed steps are the first run's steps, bit for bit.
+  again = _train_records(workdir)[newest + 5]
+  for key in ('loss', 'nelbo_per_token'):
+    assert again[key] == first[newest + 5][key], (key, again, first)
+
+
+# ------------------------------------------ the pieces, without processes
+
+# JAX's own report before its abort, as the survivor of a killed worker
+# prints it (coordination service, then the client), and as a process
+# prints it when process 0 and its service are gone.
+_WORKER_REPORT = """\
+E1204 20:36:03.010646    6538 coordination_service.cc:1549] [1814] Use error \
+polling to propagate the following error to all tasks: UNAVAILABLE: The \
+following tasks are unhealthy (stopped sending heartbeats):
+1
+The tasks have crashed. Check the task logs for an earlier error.
+E1204 20:36:03.011061    6549 coordination_service_agent.cc:289] Polled an \
+error from coordination service (this can be an error from this or another \
+task).
+F1204 20:36:03.011118    6549 client.h:80] Terminating process because the \
+JAX distributed service detected fatal errors. This most likely indicates \
+that another task died. absl::Status: UNAVAILABLE: The following tasks are \
+unhealthy (stopped sending heartbeats):
+1
+*** Check failure stack trace: ***
+    @     0x7feb42640634  absl::log_internal::LogMessage::SendToLog()
+"""
+_COORDINATOR_REPORT = """\
+W1204 20:37:33.375048   13237 preemption_sync_manager.cc:147] Failed to \
+retrieve preemption notice from coordination service: UNAVAILABLE: Socket \
+closed
+F1204 20:37:33.375140   13237 client.h:80] Terminating process because the \
+JAX distributed service detected fatal errors. absl::Status: UNAVAILABLE: \
+Failed to send RPC to coordination service. Either the leader task was \
+preempted/died/restarted unexpectedly or this task is experiencing network \
+issues.
+*** Check failure stack trace: ***
+"""
+
+
+class _Clock:
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
+def _filtered(text, clock=None, idle_after=None):
+  from ddlm_jax.parallel import stderr_guard
+
+  filt = stderr_guard.Filter(2, **({'clock': clock} if clock else {}))
+  out = ''.join(filt.feed(line) for line in text.splitlines(keepends=True))
+  if idle_after is not None:
+    clock.now = idle_after
+    out += filt.tick()
+  return out + filt.tick(final=True)
+
+
+@pytest.mark.parametrize(
+  'report, lost', [(_WORKER_REPORT, 1), (_COORDINATOR_REPORT, 0)]
+)
+def test_jax_abort_report_becomes_the_one_line(report, lost):
+  before = 'step 60/100 | loss 1.47\n[Gloo] Rank 0 is connected\n'
+  after = 'error: Saving checkpoint failed: TimeoutError\n'
+  out = _filtered(before + report + after)
+  assert out.startswith(before)
+  line = out[len(before) :]
+  assert line.startswith(f'error: lost process {lost} of 2')
+  assert line.count('\n') == 1 and 'start all processes again' in line
+  assert ('coordinator' in line) == (lost == 0)
+
+
+def test_the_runs_own_lost_line_ends_the_output():
+  from ddlm_jax.parallel import stderr_guard
+
+  ours = stderr_guard.lost_line(1, 2, 10) + '\n'
+  assert 'silent for 10 s' in ours
+  out = _filtered('step 1\n' + ours + _WORKER_REPORT)
+  assert out == 'step 1\n' + ours
+
+
+def test_coordination_lines_without_an_abort_pass_a_moment_later():
+  from ddlm_jax.parallel import stderr_guard
+
+  warn = 'W1204 20:37:33.375048   13237 preemption_sync_manager.cc:147] slow\n'
+  clock = _Clock()
+  filt = stderr_guard.Filter(2, clock=clock)
+  assert filt.feed(warn) == '' and filt.feed('continued\n') == ''
+  clock.now = stderr_guard.HOLD_S / 2
+  assert filt.tick() == ''
+  clock.now = stderr_guard.HOLD_S
+  assert filt.tick() == warn + 'continued\n'
+  assert filt.feed('step 2\n') == 'step 2\n'
+
+
+def test_the_guard_script_filters_a_pipe():
+  """The filter as the run starts it: a separate python, stdlib only."""
+  from ddlm_jax.parallel import stderr_guard
+
+  out = subprocess.run(
+    [sys.executable, '-I', '-S', stderr_guard.__file__, '1', '2'],
+    input='step 3\n' + _COORDINATOR_REPORT + 'after the abort\n',
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  assert out.returncode == 0, out.stderr
+  assert out.stdout == ''
+  lines = out.stderr.splitlines()
+  assert lines[0] == 'step 3' and len(lines) == 2, out.stderr
+  assert lines[1].startswith('error: lost process 0 of 2 (the coordinator')
+
+
+def test_a_peer_is_lost_only_after_the_timeout_unless_done():
+  from ddlm_jax.parallel.liveness import stale
+
+  last = {1: (None, 0.0), 2: (None, 0.0)}
+  last, lost = stale(last, {1: '1', 2: '1'}, 1.0, 5.0)
+  assert lost is None and last == {1: ('1', 1.0), 2: ('1', 1.0)}
+  last, lost = stale(last, {1: '2', 2: '1'}, 5.5, 5.0)
+  assert lost is None  # Process 2 silent for 4.5 s: not yet.
+  last, lost = stale(last, {1: '3', 2: '1'}, 6.5, 5.0)
+  assert lost == 2 and last[1] == ('3', 6.5)
+  last, lost = stale(last, {1: 'done', 2: '2'}, 100.0, 5.0)
+  last, lost = stale(last, {1: 'done', 2: '3'}, 200.0, 5.0)
+  assert lost is None  # A finished process is never lost.
+
+
+def test_jax_heartbeat_timeout_is_twice_the_runs():
+  from ddlm_jax.parallel.mesh import LIVENESS_TIMEOUT_S, _timeouts
+
+  assert _timeouts({}) == (
+    LIVENESS_TIMEOUT_S,
+    {'heartbeat_timeout_seconds': 2 * LIVENESS_TIMEOUT_S},
+  )
+  env = {
+    'DDLM_JAX_HEARTBEAT_TIMEOUT_S': '10',
+    'DDLM_JAX_SHUTDOWN_TIMEOUT_S': '30',
+  }
+  assert _timeouts(env) == (
+    10,
+    {'heartbeat_timeout_seconds': 20, 'shutdown_timeout_seconds': 30},
+  )
+  with pytest.raises(ValueError, match='must be >= 1'):
+    _timeouts({'DDLM_JAX_HEARTBEAT_TIMEOUT_S': '0'})
+
+
+class _Store:
+  """jax.distributed's key-value client, in memory (the calls used)."""
+
+  def __init__(self, broken=False):
+    self.data, self.broken = {}, broken
+
+  def key_value_set(self, key, value, allow_overwrite=False):
+    if self.broken:
+      raise TypeError('key_value_set() got an unexpected keyword argument')
+    assert allow_overwrite or key not in self.data
+    self.data[key] = value
+
+  def key_value_dir_get(self, prefix):
+    return [(k, v) for k, v in self.data.items() if k.startswith(prefix)]
+
+
+def _dog(store, monkeypatch, timeout_s=1.0):
+  from ddlm_jax.parallel import liveness
+
+  lost = []
+
+  def lose(self, process, silent_s):
+    lost.append(process)
+    self.stopped.set()
+
+  monkeypatch.setattr(liveness.Watchdog, 'lose', lose)
+  return liveness.Watchdog(store, 0, 2, timeout_s), lost
+
+
+def test_the_watchdog_names_a_peer_that_stops_beating(monkeypatch):
+  store = _Store()
+  dog, lost = _dog(store, monkeypatch)
+  dog.start()
+  for beat in range(8):  # Process 1 beats for 1.6 s: alive.
+    store.key_value_set('ddlm_jax/alive/1', str(beat), allow_overwrite=True)
+    time.sleep(0.2)
+  assert lost == [] and store.data['ddlm_jax/alive/0'] != '0'
+  assert dog.peers_answered_since(time.monotonic() - 0.5)
+  dog.join(timeout=10)  # Then silent: lost after the 1 s timeout.
+  assert lost == [1]
+
+
+def test_a_finished_peer_is_never_lost(monkeypatch):
+  store = _Store()
+  dog, lost = _dog(store, monkeypatch)
+  store.key_value_set('ddlm_jax/alive/1', 'done')
+  dog.start()
+  time.sleep(2.0)
+  dog.stop()
+  dog.join(timeout=10)
+  assert lost == [] and store.data['ddlm_jax/alive/0'] == 'done'
+
+
+def test_no_watchdog_where_the_store_refuses_the_first_beat(capsys):
+  from ddlm_jax.parallel import liveness
+
+  assert liveness.start(_Store(broken=True), 0, 2, 10) is None
+  assert liveness._active is None and liveness._guard is None
+  assert "JAX's own abort" in capsys.readouterr().err
+
+
+def test_the_lost_task_named_on_the_line_after_the_fatal_one():
+  """A process without the service sees only the client's report, whose
+  task ids follow the fatal line; the filter waits for them (or for the
+  stack trace, or a moment)."""
+  report = _WORKER_REPORT[_WORKER_REPORT.index('E1204 20:36:03.011061') :]
+  assert 'heartbeats):\n1\n*** Check' in report
+  out = _filtered('step 1\n' + report)
+  assert out.startswith('step 1\nerror: lost process 1 of 2:'), out
+  cut = report[: report.index('1\n*** Check')]  # The ids never came.
+  out = _filtered(cut, clock=_Clock(), idle_after=10.0)
+  assert out.startswith('error: lost process ? of 2:'), out

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from ddlm_jax.parallel import liveness
+
 MESH_AXES = ('data', 'fsdp', 'tensor')
 
 
@@ -125,27 +127,32 @@ def distributed_args(environ=None) -> dict | None:
   return args
 
 
-def _timeouts(environ=None) -> dict:
-  """jax.distributed's liveness timeouts, from DDLM_JAX_HEARTBEAT_TIMEOUT_S
-  and DDLM_JAX_SHUTDOWN_TIMEOUT_S when set (JAX's defaults otherwise).
+# A process silent this long counts as lost (DDLM_JAX_HEARTBEAT_TIMEOUT_S).
+LIVENESS_TIMEOUT_S = 50
 
-  A process that stops sending heartbeats (killed, its host lost) is
-  declared dead after the heartbeat timeout, and every other process then
-  stops with JAX's message naming it (docs/FAULTS.md); the shutdown timeout
-  bounds how long a finishing process waits for the others.
+
+def _timeouts(environ=None) -> tuple[int, dict]:
+  """(liveness timeout, jax.distributed's timeout arguments).
+
+  DDLM_JAX_HEARTBEAT_TIMEOUT_S (default 50 s) is how long a process may
+  stay silent before the others stop, naming it (liveness.py);
+  JAX's own heartbeat timeout is set to twice that, so the run's watchdog
+  always decides before JAX's service aborts everyone. The shutdown timeout
+  (DDLM_JAX_SHUTDOWN_TIMEOUT_S, JAX's default otherwise) bounds how long a
+  finishing process waits for the others.
   """
   env = os.environ if environ is None else environ
-  out = {}
-  for var, arg in (
-    ('DDLM_JAX_HEARTBEAT_TIMEOUT_S', 'heartbeat_timeout_seconds'),
-    ('DDLM_JAX_SHUTDOWN_TIMEOUT_S', 'shutdown_timeout_seconds'),
-  ):
+  values = {}
+  for var in ('DDLM_JAX_HEARTBEAT_TIMEOUT_S', 'DDLM_JAX_SHUTDOWN_TIMEOUT_S'):
     value = _env_int(env, var)
-    if value is not None:
-      if value < 1:
-        raise ValueError(f'{var}={value} must be >= 1 (seconds).')
-      out[arg] = value
-  return out
+    if value is not None and value < 1:
+      raise ValueError(f'{var}={value} must be >= 1 (seconds).')
+    values[var] = value
+  liveness = values['DDLM_JAX_HEARTBEAT_TIMEOUT_S'] or LIVENESS_TIMEOUT_S
+  out = {'heartbeat_timeout_seconds': 2 * liveness}
+  if values['DDLM_JAX_SHUTDOWN_TIMEOUT_S'] is not None:
+    out['shutdown_timeout_seconds'] = values['DDLM_JAX_SHUTDOWN_TIMEOUT_S']
+  return liveness, out
 
 
 def initialize_distributed(**kwargs) -> bool:
@@ -163,5 +170,20 @@ def initialize_distributed(**kwargs) -> bool:
   args = distributed_args()
   if not kwargs and args is None:
     return False
-  jax.distributed.initialize(**{**(args or {}), **_timeouts(), **kwargs})
+  liveness_s, timeouts = _timeouts()
+  jax.distributed.initialize(**{**(args or {}), **timeouts, **kwargs})
+  if jax.process_count() > 1:
+    _watch(liveness_s)
   return jax.process_count() > 1
+
+
+def _watch(timeout_s: int) -> None:
+  """Starts the lost-process watchdog (liveness.py) on jax.distributed's
+  client; without one (a JAX whose internals moved) JAX's own abort
+  remains the answer to a lost process."""
+  from jax._src import distributed as jax_distributed
+
+  client = getattr(jax_distributed.global_state, 'client', None)
+  if client is None or not hasattr(client, 'key_value_dir_get'):
+    return
+  liveness.start(client, jax.process_index(), jax.process_count(), timeout_s)

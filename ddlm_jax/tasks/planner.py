@@ -293,6 +293,8 @@ def train(
   batches: Callable[[int], Iterator[dict]],
   config,
   block_key: str,
+  *,
+  allow_fresh_start: bool = False,
 ) -> dict:
   """Trains `params` for the steps of config[block_key]; resumable.
 
@@ -308,6 +310,8 @@ def train(
     config: the full config (optim, train blocks).
     block_key: the stage's block ('planner', 'executor', 'latent'):
       num_steps, learning rate, batch size.
+    allow_fresh_start: train from step 0 although every checkpoint of the
+      stage is unreadable (else that refuses, as fit does).
 
   Returns:
     The trained parameters; raises StageNotFinishedError when the stage halted
@@ -324,6 +328,7 @@ def train(
       shown=('loss', 'answer_acc', 'nelbo_per_token'),
       log_window_mean=True,
     ),
+    allow_fresh_start=allow_fresh_start,
   )
   summary = finish(result, lambda res, writer: {'stage': name})
   if not result.finished or summary['status'] != 'ok':
@@ -341,7 +346,9 @@ def _task_stream(config, block, start: int) -> Iterator[dict]:
   )
 
 
-def train_role(config, role: str, models_dir: str) -> tuple[Any, dict]:
+def train_role(
+  config, role: str, models_dir: str, *, allow_fresh_start: bool = False
+) -> tuple[Any, dict]:
   """(graphdef, params) of a trained planner or executor role."""
   if role not in ROLES:
     raise ValueError(f'role {role!r}; choose one of {ROLES}.')
@@ -366,6 +373,7 @@ def train_role(config, role: str, models_dir: str) -> tuple[Any, dict]:
     batches,
     config,
     'planner' if role == 'planner' else 'executor',
+    allow_fresh_start=allow_fresh_start,
   )
   if role == 'planner':
     path = os.path.join(directory, 'validation.json')
@@ -506,7 +514,14 @@ def build_projector(config, seed: int) -> pm.Projector:
   )
 
 
-def train_projector(config, workdir: str, graphdefs: dict, params: dict):
+def train_projector(
+  config,
+  workdir: str,
+  graphdefs: dict,
+  params: dict,
+  *,
+  allow_fresh_start: bool = False,
+):
   """Trains the projector (and optionally the executor); returns params."""
   spec = pipeline_spec(config)
   lat = config.latent
@@ -543,6 +558,7 @@ def train_projector(config, workdir: str, graphdefs: dict, params: dict):
     batches,
     config,
     'latent',
+    allow_fresh_start=allow_fresh_start,
   )
   return graphdefs, {**params, **trained}
 
@@ -632,11 +648,15 @@ def evaluate(config, spec, graphdefs: dict, params: dict) -> dict:
   }
 
 
-def load_models(config, models_dir: str) -> tuple[dict, dict]:
+def load_models(
+  config, models_dir: str, *, allow_fresh_start: bool = False
+) -> tuple[dict, dict]:
   """Trains (or restores) the roles the config's pipeline needs."""
   graphdefs, params = {}, {}
   for role in NEEDS[config.pipeline]:
-    g, p = train_role(config, role, models_dir)
+    g, p = train_role(
+      config, role, models_dir, allow_fresh_start=allow_fresh_start
+    )
     name = 'planner' if role == 'planner' else 'executor'
     graphdefs[name], params[name] = g, p
   return graphdefs, params
@@ -667,10 +687,18 @@ def check_trained(config, workdir: str) -> None:
       )
 
 
-def run_planner_executor(config, workdir: str, *, mode: str = 'train'):
+def run_planner_executor(
+  config,
+  workdir: str,
+  *,
+  mode: str = 'train',
+  allow_fresh_start: bool = False,
+):
   """Trains what the pipeline needs, evaluates it, writes summary.json.
 
   mode 'eval' only evaluates: every stage must be trained already.
+  allow_fresh_start: retrain a stage whose checkpoints are all unreadable
+  (set aside as <step>.corrupt) from step 0; without it that refuses.
   A stage that halts (train.halt_after_steps) or is preempted stops the
   pipeline before evaluation; starting again resumes it.
   """
@@ -682,19 +710,27 @@ def run_planner_executor(config, workdir: str, *, mode: str = 'train'):
   if mode == 'eval':
     check_trained(config, workdir)
   with WorkdirLock(workdir):
-    return _run_pipeline(config, workdir)
+    return _run_pipeline(config, workdir, allow_fresh_start)
 
 
-def _run_pipeline(config, workdir: str) -> dict:
+def _run_pipeline(config, workdir: str, allow_fresh_start: bool) -> dict:
   paths.makedirs(workdir)
   metrics.write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   t0 = time.time()
   models_dir = config.models_dir or os.path.join(workdir, 'models')
   spec = pipeline_spec(config)
   try:
-    graphdefs, params = load_models(config, models_dir)
+    graphdefs, params = load_models(
+      config, models_dir, allow_fresh_start=allow_fresh_start
+    )
     if spec.name == 'latent':
-      graphdefs, params = train_projector(config, workdir, graphdefs, params)
+      graphdefs, params = train_projector(
+        config,
+        workdir,
+        graphdefs,
+        params,
+        allow_fresh_start=allow_fresh_start,
+      )
   except StageNotFinishedError as stop:
     print(f'{stop}; start again to resume.', flush=True)
     return {
