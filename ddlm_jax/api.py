@@ -573,18 +573,20 @@ class Model:
     ]
 
 
-def load(workdir: str, *, use_ema: bool | None = None) -> Model:
+def load(workdir: str, *, use_ema: bool | None = None, config=None) -> Model:
   """The run saved in `workdir`, parameters only, ready for text.
 
   Args:
     workdir: a run directory (config.json, tokenizer/, checkpoints/).
     use_ema: evaluate with the EMA parameters (default: the run's
       eval.use_ema); ignored when the run kept no EMA.
+    config: the run's config with command-line overrides (default: its
+      config.json as saved).
   """
   from ddlm_jax.training.run import load_config
 
   workdir = os.fspath(workdir)
-  config = load_config(workdir)
+  config = load_config(workdir) if config is None else config
   kind = config.get('kind', 'lm')
   if kind != 'lm':
     raise ConfigError(
