@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ddlm_jax.data import lm1b, openwebtext, text8
+from ddlm_jax.data import lm1b, openwebtext, sft_pairs, text8
 from ddlm_jax.data import tokenizers as tok_lib
 from ddlm_jax.data.sources import Source
 
@@ -17,6 +17,7 @@ BUILDERS: dict[str, Callable[..., Source]] = {
   'text8': text8.text8_source,
   'lm1b': lm1b.lm1b_source,
   'openwebtext': openwebtext.openwebtext_source,
+  'sft_arithmetic': sft_pairs.arithmetic_source,
 }
 CORPORA = tuple(BUILDERS)
 
