@@ -53,6 +53,9 @@ def get_config(arg: str = ''):
     from ddlm_jax.training.run import load_config
 
     c = load_config(source)
+    # JSON keeps the mesh shape a list, which a --config.mesh.shape
+    # override (a tuple) cannot replace.
+    c.mesh = type(c.mesh)({**c.mesh.to_dict(), 'shape': tuple(c.mesh.shape)})
     c.train.init_from = os.path.abspath(source)
   else:
     c = base_config()
