@@ -227,6 +227,7 @@ class Model:
     self.eos_id = None if specials is None else specials.eos
     self.num_params = count_params(params)
     self.last_stats: dict = {}  # Measurements of the last generate/infill.
+    self._row_samplers: dict = {}  # (sampler, padded) -> jitted function.
 
   def __repr__(self) -> str:
     return (
@@ -477,7 +478,7 @@ class Model:
 
   def _row_sampler(self, sampler, padded: bool):
     """The jitted row-by-row sampler, kept for the next call alike."""
-    cache = self.__dict__.setdefault('_row_samplers', {})
+    cache = self._row_samplers
     if (sampler, padded) not in cache:
       apply = steps.make_apply(self.graphdef, self.params)
       masked = masked_network(apply) if padded else None
