@@ -15,8 +15,9 @@ its EOS padding, 0 on the prompt), so the one loop and train step train
 it; a row without a mask is all response. The train step divides the sum
 of objective_B by the batch's loss tokens (sum_b |r_b|), so objective_B is
 scaled by the batch's mean response length to leave LLaDA's mean over
-responses. The reported NELBO is the masked-diffusion bound of the
-response given the prompt.
+responses (whatever `loss_type` says: this objective is the recipe). The
+reported NELBO is the masked-diffusion bound of the response given the
+prompt, which is what evaluation reports for these rows.
 """
 
 from __future__ import annotations
