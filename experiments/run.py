@@ -146,16 +146,15 @@ def _quiet_logs():
       handler.addFilter(one_line)
 
 
-def sample_prompts(config, workdir, mode):
-  """--prompt_file (with --max_new_tokens): prompted --mode=sample."""
-  if mode != 'sample' or _PROMPT_FILE.value is None:
+def check_prompt_flags(mode):
+  """--prompt_file and --max_new_tokens: --mode=sample only, file given."""
+  wanted = _PROMPT_FILE.value is not None or _MAX_NEW.value is not None
+  if wanted and (mode != 'sample' or _PROMPT_FILE.value is None):
     raise ConfigError(
       '--prompt_file and --max_new_tokens belong to --mode=sample; give '
       '--mode=sample --prompt_file=PATH.'
     )
-  return sample_prompt_file(
-    config, workdir, _PROMPT_FILE.value, max_new_tokens=_MAX_NEW.value
-  )
+  return wanted
 
 
 def main(argv):
@@ -177,13 +176,16 @@ def main(argv):
       config = saved_config(workdir, mode)
     keep_freed_memory()  # Before JAX starts its threads; host_memory.py.
     check_mode(config, mode)  # Before the distributed start-up.
+    prompted = check_prompt_flags(mode)
     if mode == 'plan':  # Compiles on fake devices; trains nothing.
       plan.launch(config, workdir, _DEVICES.value)
       return
     name_samples(config, workdir, _NAME.value)  # Refuses a taken name.
     initialize_distributed()
-    if _PROMPT_FILE.value is not None or _MAX_NEW.value is not None:
-      result = sample_prompts(config, workdir, mode)
+    if prompted:
+      result = sample_prompt_file(
+        config, workdir, _PROMPT_FILE.value, max_new_tokens=_MAX_NEW.value
+      )
     else:
       result = run(
         config, workdir, mode, _SPLIT.value, allow_fresh_start=_FRESH.value
