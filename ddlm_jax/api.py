@@ -146,8 +146,12 @@ def restore_params(workdir: str, abstract_params, *, use_ema: bool):
 def _row_seeds(seed, rows: int) -> list[int]:
   """seed + b for row b, or one given seed per row."""
   if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-    return [int(seed) + b for b in range(rows)]
-  seeds = [int(s) for s in seed]
+    seeds = [int(seed) + b for b in range(rows)]
+  else:
+    seeds = [int(s) for s in seed]
+  bad = [s for s in seeds if not 0 <= s < 2**32]
+  if bad:
+    raise ValueError(f'seed {bad[0]}: row seeds must lie in [0, 2**32).')
   if len(seeds) != rows:
     raise ValueError(
       f'{len(seeds)} seeds for {rows} prompts; give one seed per prompt '
