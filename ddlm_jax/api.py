@@ -38,6 +38,7 @@ from ddlm_jax.data import tokenizers as tok_lib
 from ddlm_jax.evaluation import cost
 from ddlm_jax.evaluation.likelihood import sequence_nll
 from ddlm_jax.evaluation.sample_run import check_time_free, draw_samples
+from ddlm_jax.sampling import rows as rows_lib
 from ddlm_jax.sampling.common import generate_id
 from ddlm_jax.sampling.registry import sampler_from_config
 from ddlm_jax.training import builders, steps
@@ -143,6 +144,62 @@ def restore_params(workdir: str, abstract_params, *, use_ema: bool):
   return restored[which], step, which
 
 
+def _row_seeds(seed, rows: int) -> list[int]:
+  """seed + b for row b, or one given seed per row."""
+  if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+    seeds = [int(seed) + b for b in range(rows)]
+  else:
+    seeds = [int(s) for s in seed]
+  bad = [s for s in seeds if not 0 <= s < 2**32]
+  if bad:
+    raise ValueError(f'seed {bad[0]}: row seeds must lie in [0, 2**32).')
+  if len(seeds) != rows:
+    raise ValueError(
+      f'{len(seeds)} seeds for {rows} prompts; give one seed per prompt '
+      'or a single int.'
+    )
+  return seeds
+
+
+def masked_network(model):
+  """valid_1xL -> apply(z, t) whose attention never reads invalid keys.
+
+  The LLaMA-family models take the padding mask themselves; the suite's
+  bidirectional attention-only Transformer gets it through its backbone's
+  attention context. Other networks have no padding mask: ConfigError.
+  """
+  from ddlm_jax.models.attention import AttentionContext
+  from ddlm_jax.models.llama_family import LlamaFamily
+  from ddlm_jax.models.transformer import Block, Transformer
+
+  if isinstance(model, LlamaFamily):
+    return lambda valid: (
+      lambda z, t=None: model(z, t, valid_BxL=valid)  # noqa: E731
+    )
+  plain = (
+    isinstance(model, Transformer)
+    and not model.cfg.causal
+    and not model.cfg.block_size
+    and not getattr(model, 'uses_feedback', False)
+    and all(isinstance(b, Block) for b in model.blocks)
+  )
+  if not plain:
+    raise ConfigError(
+      f'{type(model).__name__} has no padding mask, and max_new_tokens '
+      'leaves padding after some prompts; omit max_new_tokens (every row '
+      'fills data.seq_len).'
+    )
+  import pallas_kernels  # Lazily, as attention.attend does.
+
+  def make(valid_1xL):
+    ctx = AttentionContext(mask=pallas_kernels.MaskSpec.full(valid_1xL))
+    return lambda z, t=None: model.logits(
+      model.backbone(model.embed(z), t, ctx=ctx)
+    )
+
+  return make
+
+
 def _as_list(texts) -> list[str]:
   if isinstance(texts, str):
     return [texts]
@@ -175,6 +232,7 @@ class Model:
     self.eos_id = None if specials is None else specials.eos
     self.num_params = count_params(params)
     self.last_stats: dict = {}  # Measurements of the last generate/infill.
+    self._row_samplers: dict = {}  # (sampler, padded) -> jitted function.
 
   def __repr__(self) -> str:
     return (
@@ -373,17 +431,27 @@ class Model:
     *,
     sampler: str | None = None,
     steps: int | None = None,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
+    max_new_tokens: int | None = None,
     **sample_options,
   ) -> list[str]:
-    """Texts of one row (data.seq_len tokens) each.
+    """Texts of one row (data.seq_len tokens) each, or prompt continuations.
+
+    Prompts may have different lengths: each row is sampled on its own
+    (sampling.rows), so a row's text is the text the same prompt gives
+    alone with the same row seed, whatever else is in the batch.
 
     Args:
       n_or_prompts: how many unconditional samples, or prompt strings
         (each row starts with its prompt; the text returned includes it).
       sampler: a sampler name or spec, e.g. 'ancestral' or
-        'remdm:eta=0.02' (default: the run's sample.sampler).
+        'llada:block_length=32' (default: the run's sample.sampler).
       steps: sampling steps (default: the run's sample.steps).
+      seed: unconditional samples: the seed. Prompts: row b's seed is
+        seed + b, or seed[b] for a list of one seed per prompt.
+      max_new_tokens: prompts only: tokens to generate after each prompt
+        (default: the rest of the row); positions after them are padding
+        that attention never reads.
       **sample_options: other keys of the run's `sample` block, e.g.
         temperature=0.8, top_p=0.9.
     """
@@ -392,17 +460,80 @@ class Model:
     if isinstance(n_or_prompts, int) and not isinstance(n_or_prompts, bool):
       if n_or_prompts < 1:
         raise ValueError(f'generate({n_or_prompts}): ask for 1 or more.')
+      if max_new_tokens is not None:
+        raise ValueError('max_new_tokens applies to prompts; give strings.')
+      if not isinstance(seed, int):
+        raise ValueError('a list of seeds needs prompts, one seed each.')
       tokens = self._draw(cfg, built, n_or_prompts, seed)
-    else:
-      prompts = _as_list(n_or_prompts)
-      if self.process.causal:
-        raise ValueError(
-          'prompts need a diffusion run: the AR sampler here draws whole '
-          'rows; call generate(n) for unconditional samples.'
+      return [self.tokenizer.decode(row) for row in tokens]
+    prompts = _as_list(n_or_prompts)
+    if not prompts:
+      raise ValueError('generate([]): give at least one prompt.')
+    if self.process.causal:
+      raise ValueError(
+        'prompts need a diffusion run: the AR sampler here draws whole '
+        'rows; call generate(n) for unconditional samples.'
+      )
+    seeds = _row_seeds(seed, len(prompts))
+    ids = [self.tokenizer.encode(p) for p in prompts]
+    tokens, ends = self.complete(
+      ids, built, seeds=seeds, max_new_tokens=max_new_tokens
+    )
+    return [self.tokenizer.decode(row[:end]) for row, end in zip(tokens, ends)]
+
+  def _row_sampler(self, sampler, padded: bool):
+    """The jitted row-by-row sampler, kept for the next call alike."""
+    cache = self._row_samplers
+    if (sampler, padded) not in cache:
+      apply = steps.make_apply(self.graphdef, self.params)
+      masked = masked_network(apply) if padded else None
+
+      def fn(keys_B, rows_BxL, valid_BxL):
+        return rows_lib.sample_rows(
+          sampler,
+          apply,
+          keys_B,
+          self.process,
+          rows_BxL,
+          valid_BxL if padded else None,
+          masked,
         )
-      rows = self._prompt_rows([[p] for p in prompts])
-      tokens = self._draw(cfg, built, len(prompts), seed, rows)
-    return [self.tokenizer.decode(row) for row in tokens]
+
+      cache[sampler, padded] = jax.jit(fn)
+    return cache[sampler, padded]
+
+  def complete(self, prompt_ids, sampler, *, seeds, max_new_tokens=None):
+    """(tokens_BxL numpy, span ends) for token-id prompts, row by row.
+
+    The body of `generate(prompts)`: rows of the run's length with padding
+    after each span (sampling.rows.prompt_batch), each sampled alone with
+    its seed's key (sampling.rows.sample_rows).
+    """
+    if max_new_tokens is not None and (
+      isinstance(max_new_tokens, bool) or int(max_new_tokens) < 1
+    ):
+      raise ValueError(f'max_new_tokens={max_new_tokens!r}: give an int >= 1.')
+    _, _, pad = self._framing()
+    rows, valid, ends = rows_lib.prompt_batch(
+      prompt_ids,
+      self.seq_len,
+      generate_id=generate_id(self.process),
+      pad_id=pad,
+      max_new_tokens=max_new_tokens,
+    )
+    padded = bool(not valid.all())
+    fn = self._row_sampler(sampler, padded)
+    keys = rows_lib.row_keys(seeds)
+    tokens, nfe = fn(keys, rows, valid)
+    nfe = np.asarray(jax.tree.leaves(nfe)[0])
+    self.last_stats = {
+      'sampler': sampler.name,
+      'num_samples': len(prompt_ids),
+      'steps': getattr(sampler, 'num_steps', self.seq_len),
+      'nfe': float(nfe.max()),
+      'nfe_per_row': nfe.tolist(),
+    }
+    return np.asarray(tokens), ends.tolist()
 
   def infill(
     self,
@@ -448,7 +579,7 @@ class Model:
     ]
 
 
-def load(workdir: str, *, use_ema: bool | None = None) -> Model:
+def load(workdir: str, *, use_ema: bool | None = None, config=None) -> Model:
   """The run saved in `workdir`, parameters only, ready for text.
 
   Args:
@@ -456,11 +587,13 @@ def load(workdir: str, *, use_ema: bool | None = None) -> Model:
       local or any `etils.epath` URI (gs://bucket/run).
     use_ema: evaluate with the EMA parameters (default: the run's
       eval.use_ema); ignored when the run kept no EMA.
+    config: the run's config with command-line overrides (default: its
+      config.json as saved).
   """
   from ddlm_jax.tasks.language_model import load_config
 
   workdir = os.fspath(workdir)
-  config = load_config(workdir)
+  config = load_config(workdir) if config is None else config
   kind = config.get('kind', 'lm')
   if kind != 'lm':
     raise ConfigError(

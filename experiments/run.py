@@ -26,6 +26,7 @@ import threading
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from ddlm_jax.evaluation.prompt_file import sample_prompt_file
 from ddlm_jax.evaluation.sample_run import name_samples
 from ddlm_jax.parallel import (
   initialize_distributed,
@@ -58,6 +59,18 @@ _DEVICES = flags.DEFINE_integer(
 _SPLIT = flags.DEFINE_string('split', 'validation', 'Split for --mode=eval.')
 _NAME = flags.DEFINE_string(
   'name', '', 'Sample files samples_NAME.txt (default: the next free number).'
+)
+_PROMPT_FILE = flags.DEFINE_string(
+  'prompt_file',
+  None,
+  '--mode=sample: continue each prompt of this file (one per line, or '
+  'JSONL with a "prompt" key), all in one batch.',
+)
+_MAX_NEW = flags.DEFINE_integer(
+  'max_new_tokens',
+  None,
+  'With --prompt_file: tokens generated after each prompt (default: the '
+  'rest of the row).',
 )
 _DEBUG = flags.DEFINE_bool(
   'debug', False, 'Show the traceback of an error (else one line).'
@@ -138,6 +151,17 @@ def _quiet_logs():
       handler.addFilter(one_line)
 
 
+def check_prompt_flags(mode):
+  """--prompt_file and --max_new_tokens: --mode=sample only, file given."""
+  wanted = _PROMPT_FILE.value is not None or _MAX_NEW.value is not None
+  if wanted and (mode != 'sample' or _PROMPT_FILE.value is None):
+    raise ConfigError(
+      '--prompt_file and --max_new_tokens belong to --mode=sample; give '
+      '--mode=sample --prompt_file=PATH.'
+    )
+  return wanted
+
+
 def main(argv):
   debug = (
     _DEBUG.value or wants_traceback(argv) or flags.FLAGS['verbosity'].present
@@ -157,14 +181,20 @@ def main(argv):
       config = saved_config(workdir, mode)
     keep_freed_memory()  # Before JAX starts its threads; host_memory.py.
     check_mode(config, mode)  # Before the distributed start-up.
+    prompted = check_prompt_flags(mode)
     if mode == 'plan':  # Compiles on fake devices; trains nothing.
       plans.launch(config, workdir, _DEVICES.value)
       return
     name_samples(config, workdir, _NAME.value)  # Refuses a taken name.
     initialize_distributed()
-    result = run(
-      config, workdir, mode, _SPLIT.value, allow_fresh_start=_FRESH.value
-    )
+    if prompted:
+      result = sample_prompt_file(
+        config, workdir, _PROMPT_FILE.value, max_new_tokens=_MAX_NEW.value
+      )
+    else:
+      result = run(
+        config, workdir, mode, _SPLIT.value, allow_fresh_start=_FRESH.value
+      )
   except Exception as err:  # noqa: BLE001 - faults get one line, bugs raise.
     liveness.settle()  # A lost peer's line (and exit 134) comes first.
     answer = faults.explain(err, workdir)

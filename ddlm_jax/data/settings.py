@@ -59,6 +59,8 @@ class DataConfig:
     owt_validation_docs: documents held out by the 'mdlm' split.
     owt_validation_fraction: rows held out by the 'md4' split.
     num_threads: grain reader threads.
+    sft_levels: operations per problem of the 'sft_arithmetic' pairs.
+    sft_pairs: pairs per split of 'sft_arithmetic' (None = its defaults).
   """
 
   corpus: str = 'shakespeare'
@@ -78,6 +80,8 @@ class DataConfig:
   owt_validation_docs: int = 100_000
   owt_validation_fraction: float = 0.02
   num_threads: int = 1
+  sft_levels: tuple[int, ...] = (1, 2, 3)
+  sft_pairs: Mapping[str, int] | None = None
 
   def __post_init__(self):
     # Refused here, before a tokenizer is fitted or downloaded.

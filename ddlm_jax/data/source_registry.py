@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 
-from ddlm_jax.data import lm1b, openwebtext, text8, text_source
+from ddlm_jax.data import lm1b, openwebtext, sft_pairs, text8, text_source
 from ddlm_jax.data import tokenizers as tok_lib
 from ddlm_jax.data.settings import DataConfig
 from ddlm_jax.data.sources import Source
@@ -22,6 +22,7 @@ DATASETS: dict[str, Callable[..., Source]] = {
   'text8': text8.text8_source,
   'lm1b': lm1b.lm1b_source,
   'openwebtext': openwebtext.openwebtext_source,
+  'sft_arithmetic': sft_pairs.arithmetic_source,
 }
 CORPORA = tuple(DATASETS)
 TEXT_CORPORA = text_source.TEXT_CORPORA

@@ -19,6 +19,7 @@ from ddlm_jax.diffusion.interpolating import InterpolatingDiffusion
 from ddlm_jax.diffusion.masked import MaskedDiffusion
 from ddlm_jax.diffusion.mix_scale import MixScaleBlockDiffusion
 from ddlm_jax.diffusion.schedules import Schedule, get_schedule
+from ddlm_jax.diffusion.sft import ResponseMaskedDiffusion
 from ddlm_jax.diffusion.soft_masking import SoftMaskedDiffusion
 from ddlm_jax.diffusion.uniform import UniformDiffusion
 
@@ -33,6 +34,7 @@ __all__ = [
   'MixScaleBlockDiffusion',
   'Process',
   'ProcessConfig',
+  'ResponseMaskedDiffusion',
   'Schedule',
   'SoftMaskedDiffusion',
   'UniformDiffusion',

@@ -2,10 +2,11 @@
 
 `get_sampler(name, **params)` picks one by name: for masked processes
 'ancestral', 'first_hitting', 'confidence', 'eb', 'remdm', 'semi_ar',
-'scheduled'; for uniform-state and interpolating ones 'uniform_ancestral'
-and 'loo_gibbs'; 'psi' for all three. `sampler_from_config(config.sample)`
-does the same from a run's config; `samplers_for(family)` lists the names
-that apply to a process family (`process_family(process)`).
+'scheduled', 'llada'; for uniform-state and interpolating ones
+'uniform_ancestral' and 'loo_gibbs'; 'psi' for all three.
+`sampler_from_config(config.sample)` does the same from a run's config;
+`samplers_for(family)` lists the names that apply to a process family
+(`process_family(process)`).
 """
 
 from ddlm_jax.sampling.ancestral import ancestral_sample

@@ -76,6 +76,6 @@ def with_params(state, shardings, params):
   params = graft(params, jax.device_get(state.params))
   params = jax.device_put(params, shardings.params)
   ema = state.ema_params
-  if ema is not None:
-    ema = jax.device_put(params, shardings.ema_params)
+  if ema is not None:  # A copy: the train step donates both buffers.
+    ema = jax.device_put(params, shardings.ema_params, may_alias=False)
   return state.replace(params=params, ema_params=ema)
