@@ -115,7 +115,8 @@ def test_path_functions_reach_the_bucket(bucket):
 @pytest.mark.slow
 def test_train_resume_eval_sample_and_load_a_gs_workdir(bucket):
   import ddlm_jax
-  from ddlm_jax.training import loop, progress
+  from ddlm_jax.tasks import language_model as loop
+  from ddlm_jax.training import progress
   from experiments import modes
   from experiments.configs import quickstart
 

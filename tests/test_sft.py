@@ -20,6 +20,7 @@ import pytest
 from flax import nnx
 
 from ddlm_jax.data import reasoning, sft_pairs
+from ddlm_jax.data.settings import DataConfig
 from ddlm_jax.diffusion import base
 from ddlm_jax.diffusion.masked import token_cross_entropy
 from ddlm_jax.models.llama_family import LlamaFamily, LlamaFamilyConfig
@@ -129,7 +130,7 @@ def test_arithmetic_pairs_are_right_and_masks_mark_the_response():
     answer = response.rstrip(';').split(';')[-1]
     assert int(answer) == reasoning.evaluate_question(question)
   source = sft_pairs.arithmetic_source(
-    type('Cfg', (dict,), {'get': dict.get})(sft_pairs={'validation': 8})
+    DataConfig(corpus='sft_arithmetic', sft_pairs={'validation': 8})
   )
   batch = source.eval_batches('validation', seq_len=40, batch_size=4)[0]
   tok = source.tokenizer
@@ -210,11 +211,11 @@ def test_sft_fine_tunes_a_converted_model(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   assert f'Initialised from {base_dir}' in out.stdout
   _, before = workdir_lib.load(str(base_dir))
-  from ddlm_jax.training.run import load_run
+  from ddlm_jax.tasks.language_model import load_run
 
   tuned = load_run(str(work))
   assert tuned.checkpointer.latest_step() == 6
   assert tuned.config.model.backbone == 'llada'
-  emb = np.asarray(tuned.state.params['embedding'])
+  emb = np.asarray(tuned.params['embedding'])
   assert np.abs(emb - np.asarray(before.embedding[...])).max() > 0
   tuned.close()

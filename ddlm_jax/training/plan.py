@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Callable, Mapping

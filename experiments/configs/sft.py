@@ -50,7 +50,7 @@ def _parse(arg: str) -> tuple[str, str]:
 def get_config(arg: str = ''):
   source, preset = _parse(arg)
   if source:
-    from ddlm_jax.training.run import load_config
+    from ddlm_jax.tasks.language_model import load_config
 
     c = load_config(source)
     # JSON keeps the mesh shape a list, which a --config.mesh.shape
