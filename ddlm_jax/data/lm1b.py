@@ -60,6 +60,7 @@ from ddlm_jax.data.sources import (
   default_cache_dir,
   document_stream,
   framing_ids,
+  prep_processes,
   stream_dtype,
 )
 from ddlm_jax.data.tokenizers import tokenizer_fingerprint
@@ -166,7 +167,11 @@ def lm1b_source(cfg, tokenizer: tok_lib.Tokenizer | None = None) -> Source:
           'eos': specials.eos,
         },
         lambda: document_stream(
-          docs, tok, specials.eos, label=f'lm1b {tfds_split}'
+          docs,
+          tok,
+          specials.eos,
+          label=f'lm1b {tfds_split}',
+          num_proc=prep_processes(cfg),
         ),
         dtype=stream_dtype(tok.vocab_size),
       )

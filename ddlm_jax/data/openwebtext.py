@@ -63,6 +63,7 @@ from ddlm_jax.data.sources import (
   default_cache_dir,
   document_stream,
   framing_ids,
+  prep_processes,
   stream_dtype,
 )
 from ddlm_jax.data.tokenizers import tokenizer_fingerprint
@@ -185,7 +186,11 @@ def openwebtext_source(
       f'openwebtext-{tag}-{docs.start}-{docs.stop}-{fingerprint}',
       meta,
       lambda: document_stream(
-        docs, tok, specials.eos, label=f'openwebtext {tag}'
+        docs,
+        tok,
+        specials.eos,
+        label=f'openwebtext {tag}',
+        num_proc=prep_processes(cfg),
       ),
       dtype=stream_dtype(tok.vocab_size),
     )
