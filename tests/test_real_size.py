@@ -21,7 +21,7 @@ runs only with ``DDLM_REAL_SIZE=1``, alone, on a large idle host:
 
 Without it the same tests run as a rehearsal (marked slow): the real
 50257-id vocabulary, which no mesh axis divides, on a 2 x 64 network with
-L = 128 (docs/LAUNCH.md section 7.1).
+L = 32 (docs/LAUNCH.md section 7.1).
 
 Tolerances: the train step's loss on the sharded mesh equals the loss of
 the same parameters, key and batch computed on one device within a
@@ -50,7 +50,7 @@ SIZES = {
   'real': {},
   # The same code path at a size the default suite can afford: the real
   # 50257-id vocabulary (which no mesh axis divides), a narrow network.
-  'rehearsal': {'width': 64, 'depth': 2, 'num_heads': 2, 'seq_len': 128},
+  'rehearsal': {'width': 64, 'depth': 2, 'num_heads': 2, 'seq_len': 32},
 }
 REAL_SIZE = os.environ.get('DDLM_REAL_SIZE') == '1'
 TRAIN_MESH = (1, 8, 1)
