@@ -6,15 +6,15 @@ of ``experiments/configs/mdlm_owt.py`` unchanged (12 x 768, vocabulary
 one row per device: two training steps, one eval step, one sampler call
 and a checkpoint restored onto a different mesh.
 
-The mesh is the config's (data, fsdp, tensor) layout with the 8 devices on
-the fsdp axis, (1, 8, 1): the config's own (-1, 1, 1) replicates the 2.6 GB
-train state on every device, which 8 devices of one host cannot hold
-beside the activations. The restore target is (1, 4, 2): four-way fsdp
-and two-way tensor parallelism, so every weight is cut differently.
+The training mesh is the config's own, (-1, 1, 1): data parallel, the
+train state replicated on every device. The restore target is (1, 4, 2):
+four-way fsdp and two-way tensor parallelism, so every weight is cut
+differently.
 
 The real size is opt-in (marker ``real_size``, registered in pyproject):
-its compiled train step needs 6.06 GB per device on XLA:CPU (the plan of
-the same program), about 50 GB of host memory for the 8 devices, so it
+its compiled train step needs 5.64 GB per device on XLA:CPU (the plan of
+the same program: 2.59 GB of train state, 3.04 GB of activations and
+temporaries), about 45 GB of host memory for the 8 devices, so it
 runs only with ``DDLM_REAL_SIZE=1``, alone, on a large idle host:
 
   DDLM_REAL_SIZE=1 python -m pytest -q tests/test_real_size.py
@@ -46,14 +46,13 @@ from ddlm_jax.training.state import init_train_state
 from experiments.configs import mdlm_owt
 
 SIZES = {
-  # The paper model, unchanged (opt-in: ~50 GB of host memory).
+  # The paper model, unchanged (opt-in: ~45 GB of host memory).
   'real': {},
   # The same code path at a size the default suite can afford: the real
   # 50257-id vocabulary (which no mesh axis divides), a narrow network.
   'rehearsal': {'width': 64, 'depth': 2, 'num_heads': 2, 'seq_len': 32},
 }
 REAL_SIZE = os.environ.get('DDLM_REAL_SIZE') == '1'
-TRAIN_MESH = (1, 8, 1)
 RESTORE_MESH = (1, 4, 2)
 ROWS = 8  # One row per device.
 REL_TOL = 1e-3
@@ -63,7 +62,6 @@ def _config(size: str):
   c = mdlm_owt.get_config()
   c.train.batch_size = ROWS
   c.eval.batch_size = ROWS
-  c.mesh.shape = TRAIN_MESH
   for key, value in SIZES[size].items():
     if key == 'seq_len':
       c.data.seq_len = value
@@ -113,7 +111,7 @@ def _host_sums(tree) -> list[float]:
         pytest.mark.slow,
         pytest.mark.skipif(
           not REAL_SIZE,
-          reason='the real size needs ~50 GB of host memory and minutes: '
+          reason='the real size needs ~45 GB of host memory and minutes: '
           'set DDLM_REAL_SIZE=1 to run it',
         ),
       ],
@@ -121,11 +119,13 @@ def _host_sums(tree) -> list[float]:
   ],
 )
 def trained(request, tmp_path_factory):
-  """Two steps on TRAIN_MESH, the reference loss, an eval, a checkpoint."""
+  """Two steps on the config's mesh, the reference loss, an eval, a
+  checkpoint."""
   assert len(jax.devices()) >= 8, 'needs 8 fake devices (tests/conftest.py)'
   size = request.param
   config = _config(size)
-  mesh = make_mesh(TRAIN_MESH)
+  mesh = make_mesh(config.mesh.shape)
+  assert tuple(mesh.shape.values()) == (8, 1, 1)  # Data parallel.
   spec = plan_lib.spec_from_config(config, mesh)
   process = spec.process
   if size == 'real':
@@ -263,8 +263,8 @@ def test_checkpoint_restores_onto_another_mesh(trained):
     assert got.sharding.mesh.shape == mesh.shape
     np.testing.assert_array_equal(np.asarray(got), want)
   assert _host_sums(state) == saved['sums']
-  # A weight of width x vocab is cut 4 x 1 here (vocab 50257 does not split
-  # two ways), against 8 x 1 on the training mesh.
+  # Replicated on the training mesh; here a weight of width x vocab is cut
+  # 4 x 1 (vocab 50257 does not split two ways).
   embed = [x for x in jax.tree.leaves(state.params) if 50257 in x.shape]
   assert embed and all(
     x.addressable_shards[0].data.size < x.size for x in embed
