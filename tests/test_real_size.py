@@ -17,7 +17,7 @@ the same program: 2.59 GB of train state, 3.04 GB of activations and
 temporaries), about 45 GB of host memory for the 8 devices, so it
 runs only with ``DDLM_REAL_SIZE=1``, alone, on a large idle host:
 
-  DDLM_REAL_SIZE=1 python -m pytest -q tests/test_real_size.py
+  DDLM_REAL_SIZE=1 python -m pytest -q -m real_size tests/test_real_size.py
 
 Without it the same tests run as a rehearsal (marked slow): the real
 50257-id vocabulary, which no mesh axis divides, on a 2 x 64 network with
