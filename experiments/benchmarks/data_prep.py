@@ -397,7 +397,7 @@ def extrapolate(row: dict, real_docs: int) -> dict:
 def markdown(record: dict) -> str:
   m = record['machine']
   lines = [
-    f'# Data preparation, {record["date"]}',
+    f'# Data preparation, {record["date"]} (commit {record["commit"]})',
     '',
     f'Machine: {m["cpu_count"]} cores, {m["platform"]}, Python '
     f'{m["python"]}; synthetic corpus of {record["corpus"]["owt"]["documents"]}'
@@ -418,6 +418,20 @@ def markdown(record: dict) -> str:
       f'{ex["real_documents"]:,} | {ex["hours"]:.2f} |'
     )
   return '\n'.join(lines) + '\n'
+
+
+def _commit() -> str:
+  """The checkout's commit (short hash), '' outside a git checkout."""
+  try:
+    return subprocess.run(
+      ['git', 'rev-parse', '--short', 'HEAD'],
+      cwd=os.path.dirname(os.path.abspath(__file__)),
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return ''
 
 
 def parse_num_proc(text: str) -> list[int]:
@@ -491,6 +505,7 @@ def main(argv=None) -> dict | None:
       )
   record = {
     'date': datetime.date.today().isoformat(),
+    'commit': _commit(),
     'machine': {
       'cpu_count': os.cpu_count(),
       'platform': platform.platform(),
