@@ -6,12 +6,13 @@ corpus just over two blocks of documents (so the worker pool is used),
 through the real OpenWebText and LM1B preparation code.
 """
 
+import importlib
 import json
 
 import numpy as np
 import pytest
 
-from ddlm_jax.data import detokenizers, sources
+from ddlm_jax.data import detokenizers, lm1b, openwebtext, sources
 from ddlm_jax.data.pretrained import build_test_tokenizer
 from experiments.benchmarks import data_prep
 
@@ -72,6 +73,17 @@ def test_bad_process_counts_are_refused_before_work(bpe):
       sources.prep_processes(Cfg(prep_processes=bad))
   assert sources.prep_processes(Cfg()) == 1  # A config saved before it.
   assert sources.prep_processes(Cfg(prep_processes=4)) == 4
+  # The sources refuse it when built, before reading anything (the data
+  # folder does not exist).
+  for corpus, build in (
+    ('mdlm_owt', openwebtext.openwebtext_source),
+    ('mdlm_lm1b', lm1b.lm1b_source),
+  ):
+    cfg = importlib.import_module(f'experiments.configs.{corpus}').get_config()
+    cfg.data.prep_processes = 0
+    cfg.data.data_dir = '/nonexistent/ddlm_data'
+    with pytest.raises(ValueError, match='data.prep_processes=0'):
+      build(cfg.data, bpe)
 
 
 def test_synthetic_corpus_has_the_asked_length_distribution():

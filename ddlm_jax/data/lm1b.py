@@ -140,6 +140,7 @@ def lm1b_source(cfg, tokenizer: tok_lib.Tokenizer | None = None) -> Source:
   """The LM1B Source of a ``config.data`` block (module docstring)."""
   if cfg.packing not in PACKINGS:
     raise ValueError(f'data.packing={cfg.packing!r}; choose one of {PACKINGS}.')
+  num_proc = prep_processes(cfg)  # Refused now, not at the first split.
   tok = _tokenizer(cfg, tokenizer)
   specials = tok.special_ids
   cache_dir = default_cache_dir(cfg.cache_dir)
@@ -171,7 +172,7 @@ def lm1b_source(cfg, tokenizer: tok_lib.Tokenizer | None = None) -> Source:
           tok,
           specials.eos,
           label=f'lm1b {tfds_split}',
-          num_proc=prep_processes(cfg),
+          num_proc=num_proc,
         ),
         dtype=stream_dtype(tok.vocab_size),
       )

@@ -158,6 +158,7 @@ def openwebtext_source(
     raise ValueError(
       "OpenWebText is packed only; set --config.data.packing='packed'."
     )
+  num_proc = prep_processes(cfg)  # Refused now, not at the first split.
   state: dict = {}
 
   def records():
@@ -190,7 +191,7 @@ def openwebtext_source(
         tok,
         specials.eos,
         label=f'openwebtext {tag}',
-        num_proc=prep_processes(cfg),
+        num_proc=num_proc,
       ),
       dtype=stream_dtype(tok.vocab_size),
     )
