@@ -61,6 +61,7 @@ from ddlm_jax.data.sources import (
   default_cache_dir,
   document_stream,
   framing_ids,
+  prep_processes,
   stream_dtype,
 )
 from ddlm_jax.data.tokenizers import tokenizer_fingerprint
@@ -142,6 +143,7 @@ def lm1b_source(
   """The LM1B Source of a run's data settings (module docstring)."""
   if cfg.packing not in PACKINGS:
     raise ValueError(f'data.packing={cfg.packing!r}; choose one of {PACKINGS}.')
+  num_proc = prep_processes(cfg)  # Refused now, not at the first split.
   tok = _tokenizer(cfg, tokenizer)
   specials = tok.special_ids
   cache_dir = default_cache_dir(cfg.cache_dir)
@@ -169,7 +171,11 @@ def lm1b_source(
           'eos': specials.eos,
         },
         lambda: document_stream(
-          docs, tok, specials.eos, label=f'lm1b {tfds_split}'
+          docs,
+          tok,
+          specials.eos,
+          label=f'lm1b {tfds_split}',
+          num_proc=num_proc,
         ),
         dtype=stream_dtype(tok.vocab_size),
       )

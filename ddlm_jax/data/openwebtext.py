@@ -64,6 +64,7 @@ from ddlm_jax.data.sources import (
   default_cache_dir,
   document_stream,
   framing_ids,
+  prep_processes,
   stream_dtype,
 )
 from ddlm_jax.data.tokenizers import tokenizer_fingerprint
@@ -157,6 +158,7 @@ def openwebtext_source(
     raise ValueError(
       "OpenWebText is packed only; set --config.data.packing='packed'."
     )
+  num_proc = prep_processes(cfg)  # Refused now, not at the first split.
   state: dict = {}
 
   def records():
@@ -185,7 +187,11 @@ def openwebtext_source(
       f'openwebtext-{tag}-{docs.start}-{docs.stop}-{fingerprint}',
       meta,
       lambda: document_stream(
-        docs, tok, specials.eos, label=f'openwebtext {tag}'
+        docs,
+        tok,
+        specials.eos,
+        label=f'openwebtext {tag}',
+        num_proc=num_proc,
       ),
       dtype=stream_dtype(tok.vocab_size),
     )

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
 import pathlib
 import time
@@ -53,6 +54,7 @@ from typing import Any
 
 import grain
 import numpy as np
+import tqdm
 
 from ddlm_jax.data import pipeline
 from ddlm_jax.data import tokenizers as tok_lib
@@ -257,25 +259,94 @@ def document_stream(
   *,
   block: int = 2048,
   label: str = '',
+  num_proc: int = 1,
 ) -> Iterable[np.ndarray]:
-  """Yields the ids of ``docs`` (each followed by ``eos``) block by block."""
-  dtype = stream_dtype(tokenizer.vocab_size)
+  """Yields the ids of ``docs`` (each followed by ``eos``) block by block.
+
+  ``num_proc > 1`` encodes the blocks in that many spawned worker
+  processes (the reading, detokenizing and Python-side joining that the
+  Rust tokenizer's own threads leave on one core), delivered in block
+  order, so the stream is the same for every ``num_proc``. With a
+  ``label`` a progress bar shows documents/s and the time left.
+  """
+  if isinstance(num_proc, bool) or not isinstance(num_proc, int):
+    raise ValueError(f'num_proc must be an integer >= 1, got {num_proc!r}.')
+  if num_proc < 1:
+    raise ValueError(f'num_proc must be >= 1, got {num_proc}.')
   n = len(docs)
-  t0, shown = time.perf_counter(), 0.0
-  for start in range(0, n, block):
-    stop = min(n, start + block)
-    texts = get_texts(docs, range(start, stop))
+  spans = [(start, min(n, start + block)) for start in range(0, n, block)]
+  encode = _BlockEncoder(docs, tokenizer, eos)
+  pool = None
+  if num_proc > 1 and len(spans) > 1:
+    workers = min(num_proc, len(spans))
+    pool = multiprocessing.get_context('spawn').Pool(
+      workers,
+      initializer=_start_worker,
+      initargs=(encode, max(1, (os.cpu_count() or 1) // workers)),
+    )
+    pieces = pool.imap(_encode_in_worker, spans)
+  else:
+    pieces = map(encode, spans)
+  bar = tqdm.tqdm(
+    total=n,
+    desc=f'  {label}',
+    unit='doc',
+    unit_scale=True,
+    mininterval=5.0,
+    disable=not label or n <= block,
+  )
+  try:
+    for (start, stop), piece in zip(spans, pieces):
+      yield piece
+      bar.update(stop - start)
+  finally:
+    bar.close()
+    if pool is not None:
+      pool.terminate()
+      pool.join()
+
+
+class _BlockEncoder:
+  """(start, stop) -> the ids of docs[start:stop], each followed by eos.
+
+  A picklable object, so worker processes receive the documents' source
+  (an Arrow table or ArrayRecord reader, opened again by path) and the
+  tokenizer once, at start.
+  """
+
+  def __init__(self, docs, tokenizer, eos):
+    self.docs = docs
+    self.tokenizer = tokenizer
+    self.eos = eos
+    self.dtype = stream_dtype(tokenizer.vocab_size)
+
+  def __call__(self, span: tuple[int, int]) -> np.ndarray:
+    texts = get_texts(self.docs, range(*span))
     pieces = []
-    for ids in tokenizer.encode_batch(texts):
+    tail = None if self.eos is None else np.asarray([self.eos], np.int32)
+    for ids in self.tokenizer.encode_batch(texts):
       pieces.append(ids)
-      if eos is not None:
-        pieces.append(np.asarray([eos], np.int32))
-    yield np.concatenate(pieces).astype(dtype) if pieces else np.zeros(0, dtype)
-    now = time.perf_counter()
-    if label and (now - shown > 30 or stop == n) and n > block:
-      rate = stop / max(now - t0, 1e-9)
-      print(f'  {label}: {stop}/{n} documents ({rate:.0f} docs/s)', flush=True)
-      shown = now
+      if tail is not None:
+        pieces.append(tail)
+    if not pieces:
+      return np.zeros(0, self.dtype)
+    return np.concatenate(pieces).astype(self.dtype)
+
+
+_WORKER_ENCODER: _BlockEncoder | None = None
+
+
+def _start_worker(encode: _BlockEncoder, threads: int) -> None:
+  # The Rust tokenizer's thread pool is sized on first use: share the
+  # cores among the workers instead of starting all of them in each.
+  os.environ['RAYON_RS_NUM_THREADS'] = str(threads)
+  os.environ['RAYON_NUM_THREADS'] = str(threads)
+  global _WORKER_ENCODER
+  _WORKER_ENCODER = encode
+
+
+def _encode_in_worker(span: tuple[int, int]) -> np.ndarray:
+  return _WORKER_ENCODER(span)
 
 
 def cached_stream(
@@ -351,6 +422,17 @@ def _open_stream(path: pathlib.Path, dtype: str, num_tokens: int):
       'to rebuild it.'
     )
   return np.memmap(path, dtype=np.dtype(dtype), mode='r', shape=(num_tokens,))
+
+
+def prep_processes(cfg) -> int:
+  """``data.prep_processes`` (1 where a saved config predates the key)."""
+  n = cfg.get('prep_processes', 1)
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    raise ValueError(
+      f'data.prep_processes={n!r}; set it to an integer >= 1 (the worker '
+      'processes that tokenize a token cache).'
+    )
+  return n
 
 
 def default_cache_dir(cfg_cache_dir: str) -> str:
@@ -559,4 +641,5 @@ __all__ = [
   'pad_documents',
   'padded_eval_batches',
   'padded_train_dataset',
+  'prep_processes',
 ]

@@ -68,6 +68,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.owt_validation_docs = 100_000
   c.data.owt_validation_fraction = 0.02
   c.data.num_threads = 1  # grain reader threads (padded sources tokenize).
+  # Processes that tokenize a token cache (lm1b/openwebtext, prepare_data);
+  # the caches are identical for any count.
+  c.data.prep_processes = 1
 
   # The process block holds `kind` and the settings of that kind's family
   # config (ddlm_jax.diffusion: MaskedConfig for 'mdlm' / 'md4', 'ar',
