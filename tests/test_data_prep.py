@@ -14,6 +14,7 @@ import pytest
 
 from ddlm_jax.data import detokenizers, lm1b, openwebtext, sources
 from ddlm_jax.data.pretrained import build_test_tokenizer
+from ddlm_jax.data.settings import DataConfig
 from experiments.benchmarks import data_prep
 
 WORDS = 'the a of to in zebra quantum lattice , . river stone'.split()
@@ -65,14 +66,12 @@ def test_bad_process_counts_are_refused_before_work(bpe):
     with pytest.raises(ValueError, match='num_proc'):
       list(sources.document_stream(['x'], bpe, None, num_proc=bad))
 
-  class Cfg(dict):
-    pass
-
   for bad in (0, '2', False):
     with pytest.raises(ValueError, match='data.prep_processes'):
-      sources.prep_processes(Cfg(prep_processes=bad))
-  assert sources.prep_processes(Cfg()) == 1  # A config saved before it.
-  assert sources.prep_processes(Cfg(prep_processes=4)) == 4
+      DataConfig(prep_processes=bad)
+  old = DataConfig.from_dict({'corpus': 'openwebtext'})  # Saved before it.
+  assert sources.prep_processes(old) == 1
+  assert sources.prep_processes(DataConfig(prep_processes=4)) == 4
   # The sources refuse it when built, before reading anything (the data
   # folder does not exist).
   for corpus, build in (
@@ -83,7 +82,7 @@ def test_bad_process_counts_are_refused_before_work(bpe):
     cfg.data.prep_processes = 0
     cfg.data.data_dir = '/nonexistent/ddlm_data'
     with pytest.raises(ValueError, match='data.prep_processes=0'):
-      build(cfg.data, bpe)
+      build(DataConfig.from_dict(cfg.data), bpe)
 
 
 def test_synthetic_corpus_has_the_asked_length_distribution():

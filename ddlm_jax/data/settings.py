@@ -59,6 +59,8 @@ class DataConfig:
     owt_validation_docs: documents held out by the 'mdlm' split.
     owt_validation_fraction: rows held out by the 'md4' split.
     num_threads: grain reader threads.
+    prep_processes: worker processes that tokenize a token cache (the
+      cache's bytes do not depend on it).
     sft_levels: operations per problem of the 'sft_arithmetic' pairs.
     sft_pairs: pairs per split of 'sft_arithmetic' (None = its defaults).
   """
@@ -80,6 +82,7 @@ class DataConfig:
   owt_validation_docs: int = 100_000
   owt_validation_fraction: float = 0.02
   num_threads: int = 1
+  prep_processes: int = 1
   sft_levels: tuple[int, ...] = (1, 2, 3)
   sft_pairs: Mapping[str, int] | None = None
 
@@ -92,7 +95,7 @@ class DataConfig:
     ):
       if value not in allowed:
         raise ValueError(f'data.{key}={value!r}; choose one of {allowed}.')
-    for key in ('seq_len', 'num_threads', 'bpe_vocab_size'):
+    for key in ('seq_len', 'num_threads', 'bpe_vocab_size', 'prep_processes'):
       value = getattr(self, key)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(

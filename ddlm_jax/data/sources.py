@@ -425,8 +425,8 @@ def _open_stream(path: pathlib.Path, dtype: str, num_tokens: int):
 
 
 def prep_processes(cfg) -> int:
-  """``data.prep_processes`` (1 where a saved config predates the key)."""
-  n = cfg.get('prep_processes', 1)
+  """``data.prep_processes`` of the typed data settings (checked again)."""
+  n = cfg.prep_processes
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
     raise ValueError(
       f'data.prep_processes={n!r}; set it to an integer >= 1 (the worker '

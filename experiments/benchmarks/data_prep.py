@@ -206,13 +206,14 @@ def build_tokenizers(out: str, vocab: int, seed: int, sample_docs: int):
 
 
 def _data_config(corpus: str, **values):
+  from ddlm_jax.data.settings import DataConfig
   from experiments.configs import mdlm_lm1b, mdlm_owt
 
   module = mdlm_owt if corpus == 'openwebtext' else mdlm_lm1b
   cfg = module.get_config().data
   for key, value in values.items():
     cfg[key] = value
-  return cfg
+  return DataConfig.from_dict(cfg)
 
 
 def _status_kib(pid: int | str, field: str) -> int:
