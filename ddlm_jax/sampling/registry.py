@@ -11,7 +11,8 @@ block (KV-cached block-by-block generation, any masked sampler inside a
 block) and did (Diffusion-in-Diffusion draft-then-refine) for block
 diffusion; threshold (confidence-threshold parallel decoding, optional
 re-editing) and approx_cache (the same with Fast-dLLM's approximate prefix
-or dual KV cache, plain Transformers only) for masked processes.
+or dual KV cache, plain Transformers only) for masked processes;
+prime_ancestral (sub-token ancestral sampling) for MDM-Prime processes.
 Each sampler's `families` says which; `samplers_for(family)` lists them. A
 spec string 'eb:gamma=0.1,temperature=0.9' or
 'psi:kappa=max_capped_eta,eta=0.01' holds a name and parameters in one
@@ -29,6 +30,7 @@ from ddlm_jax.sampling.approx_cache import ApproxCacheSampler
 from ddlm_jax.sampling.base import Sampler, build, compatible_samplers
 from ddlm_jax.sampling.block import BlockSampler
 from ddlm_jax.sampling.did import DiDSampler
+from ddlm_jax.sampling.prime import PrimeAncestralSampler
 from ddlm_jax.sampling.semi_ar import (
   INNER_SAMPLERS,
   NON_MASKED_SAMPLERS,
@@ -42,6 +44,7 @@ SAMPLERS: dict[str, type[Sampler]] = {
   BlockSampler.name: BlockSampler,
   DiDSampler.name: DiDSampler,
   ApproxCacheSampler.name: ApproxCacheSampler,
+  PrimeAncestralSampler.name: PrimeAncestralSampler,
 }
 # The incompatibility errors of Sampler.__call__ list names from this table.
 base.REGISTERED.update(SAMPLERS)
