@@ -200,6 +200,11 @@ def test_carry_over_puts_minus_inf_exactly_on_inconsistent_tokens():
   np.testing.assert_array_equal(jnp.argmax(logp, -1), [[7, 29]])
 
 
+def test_token_level_absorbing_marginal_is_refused():
+  with pytest.raises(TypeError, match='partially masked tokens'):
+    process_for(2).forward_marginal(jnp.ones((1, 2, VOCAB)) / VOCAB, 0.5)
+
+
 def test_network_input_is_one_row_per_slot():
   process = process_for(2)  # b = 3: slot rows 0..3 and 4..7
   y = jnp.array([[[0, 3], [2, 1]]])

@@ -21,7 +21,7 @@ from flax import nnx
 from ddlm_jax.diffusion import base, prime
 from ddlm_jax.diffusion.schedules import LogLinearSchedule
 from ddlm_jax.models.transformer import Transformer, TransformerConfig
-from ddlm_jax.training.builders import check_process
+from ddlm_jax.training.builders import check_process, process_settings
 from ddlm_jax.training.config import ConfigError
 from experiments.configs import mdm_prime
 
@@ -46,7 +46,7 @@ def test_bad_settings_are_refused_before_running():
   c = mdm_prime.get_config('smoke')
   block = dict(c.process.to_dict(), binary=True, subtokens=3)
   with pytest.raises(ConfigError, match='leave subtokens at 2'):
-    check_process(base.process_config(block), c.model, c.data.seq_len)
+    process_settings(block)
   block = dict(c.process.to_dict(), subtokens=0)
   with pytest.raises(ConfigError, match='subtokens must be >= 1'):
     check_process(base.process_config(block), c.model, c.data.seq_len)

@@ -291,6 +291,16 @@ class PrimeDiffusion(DiffusionProcess):
     del x_BxL
     return apply(self.network_input(z_BxLxS), t_B)
 
+  def forward_marginal(self, x_probs_BxLxV, alpha):
+    """Refused: q(y_t | x) lives on l digits per token, not on V + 1 ids,
+    so the absorbing default would be silently wrong here."""
+    del x_probs_BxLxV, alpha
+    raise TypeError(
+      'PrimeDiffusion has partially masked tokens: q(y_t | x) is over l '
+      'sub-tokens per token (see corrupt), not over V + 1 ids; samplers '
+      "of family 'mdm_prime' do not need it."
+    )
+
   def prior_sample(self, key: jax.Array, shape) -> jax.Array:
     """Token-level ids of y_1: every position fully masked (V)."""
     del key
@@ -354,14 +364,16 @@ class PrimeConfig(ScheduledConfig):
 
   family: ClassVar[str] = FAMILY
 
-  def check(self, backbone: Backbone, seq_len: int) -> None:
-    super().check(backbone, seq_len)
+  def __post_init__(self):
     if self.binary and self.subtokens != 2:
       raise ValueError(
         f'process.binary=True sets the sub-token count to ceil(log2 V); '
         f'process.subtokens={self.subtokens} contradicts it. Set one of '
         'them (leave subtokens at 2 with binary=True).'
       )
+
+  def check(self, backbone: Backbone, seq_len: int) -> None:
+    super().check(backbone, seq_len)
     if backbone.name != 'transformer':
       raise ValueError(
         f'process.kind={self.kind!r} feeds the network sub-token rows '
