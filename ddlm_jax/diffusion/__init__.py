@@ -18,6 +18,7 @@ from ddlm_jax.diffusion.duo import DuoDiffusion
 from ddlm_jax.diffusion.interpolating import InterpolatingDiffusion
 from ddlm_jax.diffusion.masked import MaskedDiffusion
 from ddlm_jax.diffusion.mix_scale import MixScaleBlockDiffusion
+from ddlm_jax.diffusion.prime import PrimeDiffusion
 from ddlm_jax.diffusion.schedules import Schedule, get_schedule
 from ddlm_jax.diffusion.sft import ResponseMaskedDiffusion
 from ddlm_jax.diffusion.soft_masking import SoftMaskedDiffusion
@@ -32,6 +33,7 @@ __all__ = [
   'InterpolatingDiffusion',
   'MaskedDiffusion',
   'MixScaleBlockDiffusion',
+  'PrimeDiffusion',
   'Process',
   'ProcessConfig',
   'ResponseMaskedDiffusion',

@@ -13,6 +13,7 @@ diffusion; threshold (confidence-threshold parallel decoding, optional
 re-editing) and approx_cache (the same with Fast-dLLM's approximate prefix
 or dual KV cache, plain Transformers only) for masked processes; llada
 (LLaDA's block-by-block decoding with low-confidence remasking) for masked
+processes; prime_ancestral (sub-token ancestral sampling) for MDM-Prime
 processes.
 Each sampler's `families` says which; `samplers_for(family)` lists them. A
 spec string 'eb:gamma=0.1,temperature=0.9' or
@@ -32,6 +33,7 @@ from ddlm_jax.sampling.base import Sampler, build, compatible_samplers
 from ddlm_jax.sampling.block import BlockSampler
 from ddlm_jax.sampling.did import DiDSampler
 from ddlm_jax.sampling.llada import LLaDASampler
+from ddlm_jax.sampling.prime import PrimeAncestralSampler
 from ddlm_jax.sampling.semi_ar import (
   INNER_SAMPLERS,
   NON_MASKED_SAMPLERS,
@@ -46,6 +48,7 @@ SAMPLERS: dict[str, type[Sampler]] = {
   DiDSampler.name: DiDSampler,
   ApproxCacheSampler.name: ApproxCacheSampler,
   LLaDASampler.name: LLaDASampler,
+  PrimeAncestralSampler.name: PrimeAncestralSampler,
 }
 # The incompatibility errors of Sampler.__call__ list names from this table.
 base.REGISTERED.update(SAMPLERS)

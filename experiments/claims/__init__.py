@@ -15,6 +15,7 @@ from experiments.claims import (
   mdlm,
   pdssm,
   planning,
+  prime,
   project,
   samplers,
   soft_masking,
@@ -51,6 +52,7 @@ def _collect() -> dict[str, Claim]:
     planning,
     uniform,
     block,
+    prime,
   ):
     for claim in module.CLAIMS:
       if claim.id in out:
