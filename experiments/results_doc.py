@@ -186,6 +186,8 @@ def render(records_dir: str = records.RECORDS_DIR) -> str:
   for claim in registry.CLAIMS.values():
     if claim.id not in latest:
       why = 'accelerator' if claim.accelerator else 'CPU'
+      if claim.pending:
+        why += f'; {claim.pending}'
       out.append(
         f'- `{claim.id}` ({why}, {claim.paper}): {claim.statement} '
         f'Paper: {claim.paper_value}. Command: `{claim.command}`.'

@@ -113,6 +113,9 @@ class Claim:
       'inconclusive at this budget', not a miss.
     cost_minutes: rough wall time of a full reproduction on 2 CPU cores.
     accelerator: True for claims that only an accelerator run can settle.
+    pending: why a CPU claim has no record yet (its runs are queued, with
+      their cost); RESULTS lists it under "Not run" with this reason. A
+      CPU claim without a record must say why here.
   """
 
   id: str
@@ -135,6 +138,7 @@ class Claim:
   budget_floor: float = 0.01
   cost_minutes: float = 0.0
   accelerator: bool = False
+  pending: str = ''
 
   def __post_init__(self):
     if self.protocol not in PROTOCOLS:
