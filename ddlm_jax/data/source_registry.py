@@ -22,13 +22,17 @@ DATASETS: dict[str, Callable[..., Source]] = {
   'text8': text8.text8_source,
   'lm1b': lm1b.lm1b_source,
   'openwebtext': openwebtext.openwebtext_source,
-  'sft_arithmetic': sft_pairs.arithmetic_source,
 }
 CORPORA = tuple(DATASETS)
 TEXT_CORPORA = text_source.TEXT_CORPORA
+# Prompt -> response pair sets: one pair per row, framed by the pair itself.
+PAIR_SETS: dict[str, Callable[..., Source]] = {
+  'sft_arithmetic': sft_pairs.arithmetic_source,
+}
 BUILDERS: dict[str, Callable[..., Source]] = {
   **dict.fromkeys(TEXT_CORPORA, text_source.text_source),
   **DATASETS,
+  **PAIR_SETS,
 }
 
 
@@ -56,4 +60,11 @@ def build_source(
   return BUILDERS[cfg.corpus](cfg, tokenizer)
 
 
-__all__ = ['BUILDERS', 'CORPORA', 'DATASETS', 'TEXT_CORPORA', 'build_source']
+__all__ = [
+  'BUILDERS',
+  'CORPORA',
+  'DATASETS',
+  'PAIR_SETS',
+  'TEXT_CORPORA',
+  'build_source',
+]

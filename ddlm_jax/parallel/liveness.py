@@ -8,7 +8,7 @@ module answers first and in the run's words:
   key-value store every `beat_s` and reads everyone's. A process whose
   counter has not moved for `timeout_s` is lost: the watchdog prints one
   line naming it and ends this process with exit code 134
-  (faults.LOST_PROCESS). JAX's heartbeat timeout is set to twice
+  (process_exit.LOST_PROCESS). JAX's heartbeat timeout is set to twice
   `timeout_s` (mesh.initialize_distributed), so the watchdog always decides
   before JAX's coordination service does.
 * When process 0 dies, the service it hosts goes with it and JAX aborts the
@@ -30,6 +30,7 @@ import threading
 import time
 
 from ddlm_jax.parallel import stderr_guard
+from ddlm_jax.parallel.process_exit import LOST_PROCESS, exit_now
 
 _PREFIX = 'ddlm_jax/alive/'
 _DONE = 'done'
@@ -108,11 +109,9 @@ class Watchdog(threading.Thread):
 
   def lose(self, process: int, silent_s) -> None:
     """Prints the one line naming `process` and ends this process (134)."""
-    from ddlm_jax.training import faults
-
     line = stderr_guard.lost_line(process, self.num_processes, silent_s)
     print(line, file=sys.stderr, flush=True)
-    faults.exit_now(faults.LOST_PROCESS)
+    exit_now(LOST_PROCESS)
 
   def peers_answered_since(self, t0: float) -> bool:
     """Whether every other process beat (or finished) after time t0."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import sys
 
 from ddlm_jax import paths
 from ddlm_jax.errors import (
@@ -24,6 +23,7 @@ from ddlm_jax.errors import (
   NoCheckpointError,
   WorkdirLockedError,
 )
+from ddlm_jax.parallel.process_exit import LOST_PROCESS, exit_now  # noqa: F401
 
 # Exit codes (sysexits.h where one fits). Distinct per class of fault.
 OK = 0
@@ -36,9 +36,8 @@ WORKDIR_IN_USE = 73  # Another live run holds the workdir's lock.
 WRITE_FAILED = 74  # EX_IOERR: disk full, directory unwritable or a file.
 PREEMPTED = 75  # EX_TEMPFAIL: SIGTERM/SIGINT; a checkpoint was saved.
 # A process of a multi-process run died: the others stop with one line
-# naming it (parallel/liveness.py). 128 + SIGABRT, so JAX's own abort, the
-# fallback when process 0 and its service die first, reads the same.
-LOST_PROCESS = 134
+# naming it (parallel/liveness.py); LOST_PROCESS = 134 (128 + SIGABRT) and
+# exit_now live in parallel/process_exit.py, below this layer.
 
 # Codes a retry loop restarts on (the run resumes from its checkpoint).
 RETRYABLE = (PREEMPTED, LOST_PROCESS)
@@ -95,29 +94,6 @@ def read_json(path: str, what: str = 'file'):
       f'{path} ({what}) is corrupt or truncated: {err}. Restore it from a '
       'copy, or delete it to let the run rebuild it where it can.'
     ) from None
-
-
-def exit_now(code: int) -> None:
-  """Ends the process at once with `code`, after the line already printed.
-
-  For faults where native threads still hold work that would print after
-  the run's one line (tensorstore's failed writes print asyncio's
-  'Event loop is closed' tracebacks; a lost peer's collectives abort): the
-  streams are flushed, stderr is pointed at /dev/null so nothing native
-  reaches it any more, and no Python shutdown (atexit, finalizers) runs.
-  Everything the run keeps is on disk already when this is called.
-  """
-  for stream in (sys.stdout, sys.stderr):
-    try:
-      stream.flush()
-    except (OSError, ValueError):  # A closed or broken stream.
-      pass
-  try:
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, 2)
-  except OSError:
-    pass
-  os._exit(code)
 
 
 def one_line(text: str) -> str:
