@@ -39,6 +39,7 @@ import pytest
 
 from ddlm_jax.parallel import batch_sharding, make_mesh, replicated
 from ddlm_jax.sampling.ancestral import ancestral_sample
+from ddlm_jax.tasks import plans
 from ddlm_jax.training import plan as plan_lib
 from ddlm_jax.training import steps
 from ddlm_jax.training.checkpoint import Checkpointer
@@ -126,7 +127,7 @@ def trained(request, tmp_path_factory):
   config = _config(size)
   mesh = make_mesh(config.mesh.shape)
   assert tuple(mesh.shape.values()) == (8, 1, 1)  # Data parallel.
-  spec = plan_lib.spec_from_config(config, mesh)
+  spec = plans.spec_from_config(config, mesh)
   process = spec.process
   if size == 'real':
     assert spec.settings['width'] == 768 and spec.settings['depth'] == 12

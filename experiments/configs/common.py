@@ -257,6 +257,25 @@ class Flag:
     return (self.word,)
 
 
+@dataclasses.dataclass(frozen=True)
+class Directory:
+  """An optional part naming an existing directory (a run to start from)."""
+
+  name: str = 'directory'
+
+  required = False
+  default = ''
+
+  def read(self, part: str):
+    return part if os.path.isdir(part) else None
+
+  def form(self) -> str:
+    return 'DIR'
+
+  def named(self) -> tuple:
+    return ()
+
+
 def _form(slots, presets) -> str:
   """'BLOCK[,scratch][,smoke] with BLOCK one of (4, 8, 16)'."""
   text = ''

@@ -35,25 +35,14 @@ tests).
 from __future__ import annotations
 
 from experiments.configs import quickstart, quickstart_bpe
-from experiments.configs.common import set_process
+from experiments.configs.common import Choice, parse_arg, set_process
 
 VARIANTS = ('l2', 'binary')
-
-
-def parse_arg(arg: str | None) -> tuple[str, str]:
-  """'[VARIANT][,smoke]' -> (variant, preset)."""
-  parts = [p.strip() for p in (arg or '').split(',') if p.strip()]
-  preset = parts.pop() if parts and parts[-1] == 'smoke' else ''
-  if len(parts) > 1 or (parts and parts[0] not in VARIANTS):
-    raise ValueError(
-      f'config argument {arg!r}: expected [VARIANT][,smoke] with VARIANT '
-      f'in {VARIANTS}, e.g. "binary" or "l2,smoke".'
-    )
-  return (parts[0] if parts else 'l2'), preset
+ARGS = (Choice('variant', VARIANTS, 'l2'),)  # '[l2|binary][,smoke]'
 
 
 def get_config(arg: str = ''):
-  variant, preset = parse_arg(arg)
+  variant, preset = parse_arg(arg, *ARGS)
   c = quickstart.recipe('')
   set_process(c, 'mdm_prime', subtokens=2, binary=variant == 'binary')
   quickstart_bpe.apply_bpe(c, preset)

@@ -24,31 +24,21 @@ Prompted samples of the result:
 import os
 
 from experiments.configs.common import (
-  PRESETS,
+  Directory,
   apply_smoke,
   base_config,
+  parse_arg,
   set_process,
 )
+
+ARGS = (Directory('run'),)  # '[DIR][,smoke]'
 
 # Prompt of the end-of-run samples: one problem of the instruction set.
 SAMPLE_PROMPT = 'Compute mod 10: 3+4*2='
 
 
-def _parse(arg: str) -> tuple[str, str]:
-  """'DIR[,smoke]' or '[smoke]' -> (DIR or '', preset)."""
-  parts = [p.strip() for p in (arg or '').split(',')] if arg else []
-  preset = parts.pop() if parts and parts[-1] in PRESETS[1:] else ''
-  if len(parts) > 1 or (parts and not os.path.isdir(parts[0])):
-    raise ValueError(
-      f'config argument {arg!r}: expected [DIR][,smoke], e.g. '
-      "'runs/llada_tiny' or 'runs/llada_tiny,smoke' (DIR: a converted "
-      'or trained run directory).'
-    )
-  return (parts[0] if parts else ''), preset
-
-
 def get_config(arg: str = ''):
-  source, preset = _parse(arg)
+  source, preset = parse_arg(arg, *ARGS)
   if source:
     from ddlm_jax.tasks.language_model import load_config
 
