@@ -134,6 +134,7 @@ def test_typed_blocks_are_frozen_and_typed():
   assert settings.data.seq_len == config.data.seq_len
   assert settings.data.corpus == config.data.corpus
   assert settings.trainer.num_steps == config.train.num_steps
+  assert settings.optimizer.learning_rate == config.optim.learning_rate
   with pytest.raises(dataclasses.FrozenInstanceError):
     settings.data = DataConfig()
 

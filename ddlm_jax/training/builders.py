@@ -41,6 +41,7 @@ from ddlm_jax.models.backbones import get_backbone, register_backbone
 from ddlm_jax.models.soft_masking import SoftMaskedModel, SoftMaskInput
 from ddlm_jax.training.config import (
   ConfigError,
+  OptimizerConfig,
   TrainerConfig,
   check_range,
   check_renamed_keys,
@@ -115,6 +116,11 @@ class RunSettings:
   process: ProcessConfig
   data: DataConfig
   trainer: TrainerConfig
+
+  @property
+  def optimizer(self) -> OptimizerConfig:
+    """The optimizer settings (config.optim), as the trainer holds them."""
+    return self.trainer.optimizer
 
 
 def typed_blocks(config) -> RunSettings:
