@@ -218,9 +218,22 @@ class Model:
   eos_id), so the same functions serve both.
   """
 
-  def __init__(self, workdir, config, tokenizer, process, graphdef, params):
+  def __init__(
+    self,
+    workdir,
+    config,
+    tokenizer,
+    process,
+    graphdef,
+    params,
+    settings: builders.RunSettings | None = None,
+  ):
     self.workdir = workdir
     self.config = config
+    # The typed blocks of config (builders.typed_blocks), as load made them.
+    self.settings = (
+      builders.typed_blocks(config) if settings is None else settings
+    )
     self.tokenizer = tokenizer
     self.process = process
     self.model_config = builders.model_config(config.model, process)
@@ -236,14 +249,14 @@ class Model:
 
   def __repr__(self) -> str:
     return (
-      f'Model({self.workdir!r}: {self.config.process.kind}, '
+      f'Model({self.workdir!r}: {self.settings.process.kind}, '
       f'{self.num_params / 1e6:.2f}M params, step {self.step}, '
       f'seq_len {self.seq_len})'
     )
 
   @property
   def seq_len(self) -> int:
-    return int(self.config.data.seq_len)
+    return int(self.settings.data.seq_len)
 
   # The duck type of tasks.language_model.Run that draw_samples reads.
   def eval_params(self):
@@ -260,11 +273,10 @@ class Model:
   def _framing(self):
     """(bos, eos, pad) ids the run's training rows were framed with."""
     specials = getattr(self.tokenizer, 'special_ids', None)
-    if self.config.data.corpus not in source_registry.CORPORA or not specials:
+    data = self.settings.data
+    if data.corpus not in source_registry.CORPORA or not specials:
       return None, None, 0
-    bos, eos = sources.framing_ids(
-      self.config.data.get('wrap', 'bos_eos'), specials, 'run'
-    )
+    bos, eos = sources.framing_ids(data.wrap, specials, 'run')
     pad = next((i for i in (specials.pad, eos) if i is not None), 0)
     return bos, eos, pad
 
@@ -600,6 +612,7 @@ def load(workdir: str, *, use_ema: bool | None = None, config=None) -> Model:
       f'{workdir} is a {kind!r} run; ddlm_jax.load reads language-model '
       'runs (evaluate this one with python -m experiments.run --mode=eval).'
     )
+  settings = builders.typed_blocks(config)  # This entry point's one.
   tok_dir = paths.join(workdir, 'tokenizer')
   if not paths.isdir(tok_dir):
     raise FileNotFoundError(
@@ -608,7 +621,7 @@ def load(workdir: str, *, use_ema: bool | None = None, config=None) -> Model:
   tokenizer = tok_lib.load_tokenizer(tok_dir)
   soft_mask = config.get('soft_mask')
   process = builders.make_process(
-    builders.process_settings(config.process), tokenizer.vocab_size, soft_mask
+    settings.process, tokenizer.vocab_size, soft_mask
   )
   graphdef, abstract = split_model(
     builders.model_builder(config.model, process, soft_mask)
@@ -617,7 +630,7 @@ def load(workdir: str, *, use_ema: bool | None = None, config=None) -> Model:
   params, step, which = restore_params(
     workdir, nnx.to_pure_dict(abstract), use_ema=ema
   )
-  model = Model(workdir, config, tokenizer, process, graphdef, params)
+  model = Model(workdir, config, tokenizer, process, graphdef, params, settings)
   model.step, model.params_kind = step, which
   return model
 

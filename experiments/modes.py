@@ -10,6 +10,7 @@ from ddlm_jax import paths
 from ddlm_jax.tasks import language_model, plans, state_tracking
 from ddlm_jax.tasks.language_model import load_config
 from ddlm_jax.tasks.planner import run_planner_executor
+from ddlm_jax.training import builders
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.faults import read_json
 
@@ -89,10 +90,15 @@ def run(
     return run_planner_executor(
       config, workdir, mode=mode, allow_fresh_start=allow_fresh_start
     )
+  # The one conversion of a language-model config into typed blocks: the
+  # mode and everything below it read these, not config.process/.data.
+  settings = builders.typed_blocks(config)
   if mode == 'eval':
-    return language_model.evaluate_checkpoint(config, workdir, split)
+    return language_model.evaluate_checkpoint(
+      config, workdir, split, settings=settings
+    )
   if mode == 'sample':
-    return language_model.sample_checkpoint(config, workdir)
+    return language_model.sample_checkpoint(config, workdir, settings=settings)
   return language_model.train_and_evaluate(
-    config, workdir, allow_fresh_start=allow_fresh_start
+    config, workdir, settings=settings, allow_fresh_start=allow_fresh_start
   )

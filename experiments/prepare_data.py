@@ -24,7 +24,7 @@ flags.mark_flags_as_required(['config'])
 
 def main(argv):
   del argv
-  cfg = builders.data_settings(_CONFIG.value.data)
+  cfg = builders.typed_blocks(_CONFIG.value).data
   data = builders.prepare_data(cfg, None)
   data.source.prepare()
   print(data.source.describe())

@@ -21,6 +21,7 @@ from ddlm_jax.diffusion import MaskedDiffusion, get_schedule
 from ddlm_jax.models import Transformer, TransformerConfig
 from ddlm_jax.parallel import make_mesh
 from ddlm_jax.tasks import plans
+from ddlm_jax.training import builders
 from ddlm_jax.training import plan as plan_lib
 from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.optimizer import make_optimizer
@@ -177,13 +178,16 @@ def _smoke(name='mdlm_owt', arg='smoke'):
 
 
 def test_vocab_is_known_without_data():
-  assert plan_lib.vocab_size_of(_smoke('mdlm_owt', '').data) == 50257
-  assert plan_lib.vocab_size_of(_smoke('mdlm_lm1b', '').data) == 30522
-  assert plan_lib.vocab_size_of(_smoke('md4_text8', '').data) == 27
-  assert plan_lib.vocab_size_of(_smoke().data) == 512
+  def vocab(config):
+    return plan_lib.vocab_size_of(builders.typed_blocks(config).data)
+
+  assert vocab(_smoke('mdlm_owt', '')) == 50257
+  assert vocab(_smoke('mdlm_lm1b', '')) == 30522
+  assert vocab(_smoke('md4_text8', '')) == 27
+  assert vocab(_smoke()) == 512
   quick = _smoke('quickstart', 'smoke')
   with pytest.raises(ConfigError, match='vocabulary'):
-    plan_lib.vocab_size_of(quick.data)
+    vocab(quick)
 
 
 def test_plan_of_a_config_compiles_every_program(tmp_path):

@@ -154,7 +154,7 @@ class ARScorer:
       run.graphdef,
       run.eval_params(),
       run.process,
-      max_length=run.config.data.seq_len,
+      max_length=run.settings.data.seq_len,
       tokenizer=run.data.tokenizer,
       batch_size=batch_size,
     )

@@ -87,7 +87,7 @@ def draw_samples(
       ignored for AR runs.
     light_run: the light network's run for the 'scheduled' sampler.
   """
-  length = run.config.data.seq_len
+  length = run.settings.data.seq_len
   apply = make_apply(run.graphdef, run.eval_params())
   flops_per_call = [model_flops(run, num_samples, length)]
   if run.process.causal:
@@ -194,7 +194,7 @@ def reference_texts(run, num: int, split: str = 'validation') -> list[str]:
   data = run.data.splits.get(split)
   if data is None:
     raise ValueError(f'split {split!r} missing; have {list(run.data.splits)}.')
-  length = run.config.data.seq_len
+  length = run.settings.data.seq_len
   starts = np.linspace(0, max(0, data.size - length), num).astype(int)
   return [run.data.tokenizer.decode(data[s : s + length]) for s in starts]
 
@@ -221,7 +221,7 @@ def sample_and_score(run, *, scorer=None, scorer_run=None, light_run=None):
   elif prefix:
     ids = run.data.tokenizer.encode(prefix)[None].repeat(batch, 0)
     prompt = prefix_prompt(
-      ids, run.config.data.seq_len, generate_id(run.process)
+      ids, run.settings.data.seq_len, generate_id(run.process)
     )
   tokens, stats = draw_samples(
     run,

@@ -37,7 +37,7 @@ def lambda_profile(
 
   batches = run.data.eval_batches(
     'validation',
-    seq_len=run.config.data.seq_len,
+    seq_len=run.settings.data.seq_len,
     batch_size=batch_size,
     max_batches=num_batches,
   )

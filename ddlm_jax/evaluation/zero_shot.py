@@ -3,9 +3,9 @@
 The MDLM/SEDD recipe (MDLM Table 3): take each set's documents
 (``ddlm_jax.data.zero_shot``: split, text column, detokenizer), tokenize
 them with the run's tokenizer (GPT-2 for OpenWebText models), follow each
-document with EOS, join them and cut rows of the run's ``seq_len`` framed the
-way the run was trained (``config.data.wrap``: ``[BOS] ... [EOS]`` for MDLM,
-none for md4). Every row is scored with the run's bound (NELBO for
+document with EOS, join them and cut rows of the run's ``seq_len`` framed
+the way the run was trained (the data settings' ``wrap``: ``[BOS] ... [EOS]``
+for MDLM, none for md4). Every row is scored with the run's bound (NELBO for
 diffusion, exact NLL for AR) and the set's score is total nats over total
 tokens, reported as nats/token, bits/token and the perplexity bound
 ``exp(nats/token)``. All full rows are scored (the last, partial batch is
@@ -63,7 +63,7 @@ def score_rows(
   seed: int,
 ) -> np.ndarray:
   """Per-row NELBO (nats) of every full row: float64 [num_rows]."""
-  seq_len = run.config.data.seq_len
+  seq_len = run.settings.data.seq_len
   batches = sources.packed_eval_batches(
     rows,
     seq_len=seq_len,
@@ -122,7 +122,7 @@ def evaluate_dataset(
   Returns:
     ``summarize_nll``'s fields plus dataset, split, documents and timing.
   """
-  cfg = run.config
+  cfg, data = run.config, run.settings.data
   t0 = time.perf_counter()
   spec = zs_data.get_dataset(name)
   docs = zs_data.load_zero_shot(
@@ -130,14 +130,12 @@ def evaluate_dataset(
   )
   if max_documents:
     docs = docs.get_many(range(min(len(docs), max_documents)))
-  wrap = cfg.data.get('wrap', 'bos_eos')
-  rows = packed_rows(
-    docs, run.data.tokenizer, seq_len=cfg.data.seq_len, wrap=wrap
-  )
-  if rows.num_windows(cfg.data.seq_len) == 0:
+  wrap = data.wrap
+  rows = packed_rows(docs, run.data.tokenizer, seq_len=data.seq_len, wrap=wrap)
+  if rows.num_windows(data.seq_len) == 0:
     raise ValueError(
       f'{name}: {len(docs)} documents make {rows.tokens.size} tokens, fewer '
-      f'than one row of seq_len {cfg.data.seq_len}.'
+      f'than one row of seq_len {data.seq_len}.'
     )
   nll = score_rows(
     run,
@@ -147,7 +145,7 @@ def evaluate_dataset(
     time_samples=time_samples or cfg.eval.final_time_samples,
     seed=seed,
   )
-  result = summarize_nll(nll, cfg.data.seq_len)
+  result = summarize_nll(nll, data.seq_len)
   result.update(
     dataset=name,
     split=split or spec.split,

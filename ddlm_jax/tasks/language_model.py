@@ -1,9 +1,11 @@
 """The language-model task: a run built from a config or loaded from its
 workdir, and its modes (train, eval, sample, zero-shot).
 
-`Run(config, workdir)` is the only place that turns an LM config into
-objects: the process, the network, the data, the sampler (validated here,
-before any compute) and the loop's `TrainerConfig`; `run.task()` is the
+`Run(config, workdir, settings)` is the only place that turns an LM config
+into objects: the process, the network, the data and the sampler
+(validated here, before any compute). `settings` is the config's typed
+blocks (`builders.typed_blocks`: process, data, the loop's
+`TrainerConfig`), converted once by the entry point; `run.task()` is the
 `fit.Task` of language modelling with the run's process. A Run allocates
 no weights itself: training builds the train state in `fit`, and a reader
 (eval, sample, `load_run`) restores the parameters alone, never the
@@ -58,9 +60,6 @@ from ddlm_jax.training.config import (
   check_range,
   check_renamed_keys,
   migrate_config,
-  optimizer_config,
-  trainer_config,
-  warmup_steps,
 )
 from ddlm_jax.training.faults import CorruptFileError, read_json
 from ddlm_jax.training.fit import TrainingDivergedError  # noqa: F401
@@ -72,40 +71,6 @@ from ddlm_jax.training.state import (
   split_model,
 )
 from ddlm_jax.training.workdir_lock import WorkdirLock
-
-
-def lm_trainer_config(config) -> fit.TrainerConfig:
-  """The loop settings of a language-model config (checked ranges)."""
-  tr, o = config.train, config.optim
-  soft_mask = config.get('soft_mask')
-  groups = ()
-  if builders.soft_mask_enabled(soft_mask):
-    groups = (('soft_mask', soft_mask.learning_rate),)
-  return trainer_config(
-    num_steps=tr.num_steps,
-    seed=config.seed,
-    log_every=tr.log_every,
-    eval_every=tr.eval_every,
-    checkpoint_every=tr.checkpoint_every,
-    max_checkpoints=tr.max_checkpoints,
-    halt_after_steps=tr.halt_after_steps,
-    ema_decay=o.ema_decay,
-    eval_uses_ema=bool(config.eval.use_ema),
-    grad_accum_steps=o.grad_accum_steps,
-    mesh_shape=tuple(config.mesh.shape),
-    optimizer=optimizer_config(
-      learning_rate=o.learning_rate,
-      warmup_steps=warmup_steps(o, tr.num_steps),
-      total_steps=tr.num_steps,
-      weight_decay=o.weight_decay,
-      b1=o.b1,
-      b2=o.b2,
-      grad_clip=o.grad_clip,
-      final_lr_fraction=o.final_lr_fraction,
-      group_learning_rates=groups,
-    ),
-  )
-
 
 # Stands in for the tokenizer's end-of-text id while a config is checked
 # before its tokenizer exists; Run checks again with the real id.
@@ -221,11 +186,18 @@ def _check_eval_config(ev):
 class Run:
   """Everything built from a config that train, eval and sample share."""
 
-  def __init__(self, config, workdir: str):
-    check_renamed_keys(config)  # A config file older than a key's rename.
+  def __init__(
+    self, config, workdir: str, settings: builders.RunSettings | None = None
+  ):
+    """settings: the typed blocks of `config` (builders.typed_blocks), as
+    an entry point converted them; converted here when not given."""
+    if settings is None:
+      settings = builders.typed_blocks(config)
     self.config = config
+    self.settings = settings
     self.workdir = workdir
-    self.trainer_config = lm_trainer_config(config)
+    self.trainer_config = settings.trainer
+    seq_len = settings.data.seq_len
     _check_eval_config(config.eval)
     soft_mask = config.get('soft_mask')
     self.init_from = config.train.get('init_from', '')
@@ -235,10 +207,8 @@ class Run:
     # Everything checkable without data is checked before anything is
     # written (the tokenizer is the first file a new run writes).
     builders.check_model_sizes(config.model)
-    check_range('data.seq_len', config.data.seq_len, lo=1, integer=True)
-    self.process_settings = builders.process_settings(config.process)
     stand_in = builders.check_process(
-      self.process_settings, config.model, config.data.seq_len, soft_mask
+      settings.process, config.model, seq_len, soft_mask
     )
     self.sampler = check_sample_config(
       config.sample, stand_in, config.model.get('time_conditioning', False)
@@ -246,15 +216,13 @@ class Run:
     if self.init_from:
       load_config(self.init_from)  # Its config.json parses (or is named).
       warm_start.copy_tokenizer(self.init_from, workdir)
-    self.data = builders.prepare_data(config.data, workdir)
+    self.data = builders.prepare_data(settings.data, workdir)
     self.process = builders.make_process(
-      self.process_settings, self.data.tokenizer.vocab_size, soft_mask
+      settings.process, self.data.tokenizer.vocab_size, soft_mask
     )
     self.eos_id = tokenizer_eos_id(self.data.tokenizer)
     if config.sample.get('prefix', '') and config.sample.num_samples:
-      check_prompt(
-        config.sample.prefix, self.data.tokenizer, config.data.seq_len
-      )
+      check_prompt(config.sample.prefix, self.data.tokenizer, seq_len)
     if self.sampler is not None:  # Again, with the tokenizer's own EOS id.
       self.sampler = check_sample_config(
         config.sample,
@@ -275,7 +243,7 @@ class Run:
   @classmethod
   def build(cls, config, workdir: str) -> Run:
     """A fresh run from a config (nothing restored yet)."""
-    return cls(config, workdir)
+    return cls(config, workdir, builders.typed_blocks(config))
 
   @classmethod
   def load(cls, workdir: str, overrides: dict | None = None) -> Run:
@@ -411,26 +379,26 @@ class Run:
   def display(self) -> fit.Display:
     """The progress lines of this run."""
     return fit.Display(
-      name=self.config.process.kind,
+      name=self.settings.process.kind,
       header=self.header(),
       shown=('loss', 'nelbo_per_token', 'sm_w_s', 'sm_lambda'),
       describe_eval=lambda ev: (
         f'validation {ev["bits_per_token"]:.4f} +- '
         f'{ev["bits_per_token_stderr"]:.4f} bits/token'
       ),
-      tokens_per_step=self.config.train.batch_size * self.config.data.seq_len,
+      tokens_per_step=self.config.train.batch_size * self.settings.data.seq_len,
     )
 
   def header(self) -> str:
     return (
-      f'{self.config.process.kind} | {self.num_params / 1e6:.2f}M params | '
+      f'{self.settings.process.kind} | {self.num_params / 1e6:.2f}M params | '
       f'vocab {self.process.vocab_size} | mesh {dict(self.mesh.shape)}'
     )
 
   def final(self, result: fit.FitResult, writer) -> dict:
     """Final validation and samples once the run reached num_steps (run
     after fit returned, through fit.finish)."""
-    summary = {'process': self.config.process.kind}
+    summary = {'process': self.settings.process.kind}
     if result.status != 'ok' or result.step < self.config.train.num_steps:
       return summary
     self.params = result.params
@@ -474,7 +442,7 @@ class Run:
   ):
     batches = self.data.eval_batches(
       split,
-      seq_len=self.config.data.seq_len,
+      seq_len=self.settings.data.seq_len,
       batch_size=self.config.eval.batch_size,
       max_batches=num_batches or None,
     )
@@ -559,7 +527,8 @@ def load_run(workdir: str, overrides: dict | None = None) -> Run:
   Returns:
     The Run; its checkpoint step is run.checkpointer.latest_step().
   """
-  run = Run(load_config(workdir, overrides), workdir)
+  config = load_config(workdir, overrides)
+  run = Run(config, workdir, builders.typed_blocks(config))
   # Step 0 is a checkpoint too: an imported model's (interop.workdir).
   if run.restore() == 0 and run.checkpointer.latest_step() is None:
     run.close()
@@ -571,7 +540,8 @@ def restore_state(workdir: str, overrides: dict | None = None):
   """The newest checkpoint's whole train state (optimizer moments and EMA
   too), for tools that compare or inspect training; readers that score or
   sample use load_run, which restores the parameters alone."""
-  run = Run(load_config(workdir, overrides), workdir)
+  config = load_config(workdir, overrides)
+  run = Run(config, workdir, builders.typed_blocks(config))
   try:
     return fit.restore_newest(run.task(), run.trainer_config, workdir)
   finally:
@@ -582,17 +552,23 @@ def restore_state(workdir: str, overrides: dict | None = None):
 
 
 def train_and_evaluate(
-  config, workdir: str, *, allow_fresh_start: bool = False
+  config,
+  workdir: str,
+  *,
+  settings: builders.RunSettings | None = None,
+  allow_fresh_start: bool = False,
 ) -> dict:
   """Trains, evaluates and samples; returns the summary dict.
 
+  settings: the config's typed blocks (builders.typed_blocks; converted
+  here when not given).
   The workdir's lock is taken first: a second run on the same workdir
   fails at once, naming the owner, before either writes anything.
   allow_fresh_start: train from step 0 although every checkpoint is
   unreadable (else AllCheckpointsCorruptError; see fit.fit).
   """
   with WorkdirLock(workdir):
-    run = Run(config, workdir)
+    run = Run(config, workdir, settings)
     result = fit.fit(
       run.task(),
       run.trainer_config,
@@ -614,7 +590,7 @@ def train_and_evaluate(
   return summary
 
 
-def _restored(config, workdir: str) -> tuple[Run, int]:
+def _restored(config, workdir: str, settings) -> tuple[Run, int]:
   """The run with its newest checkpoint, for a reader (eval, sample).
 
   An empty workdir is refused before the Run is built, which would write
@@ -622,7 +598,7 @@ def _restored(config, workdir: str) -> tuple[Run, int]:
   """
   if not has_checkpoint(paths.join(workdir, 'checkpoints')):
     raise no_checkpoint(workdir)
-  run = Run(config, workdir)
+  run = Run(config, workdir, settings)
   step = run.restore()
   if step == 0 and run.checkpointer.latest_step() is None:
     run.close()
@@ -630,9 +606,15 @@ def _restored(config, workdir: str) -> tuple[Run, int]:
   return run, step
 
 
-def evaluate_checkpoint(config, workdir: str, split='validation') -> dict:
+def evaluate_checkpoint(
+  config,
+  workdir: str,
+  split='validation',
+  *,
+  settings: builders.RunSettings | None = None,
+) -> dict:
   """--mode=eval: restores the newest checkpoint and reports its NELBO."""
-  run, step = _restored(config, workdir)
+  run, step = _restored(config, workdir, settings)
   result = run.evaluate(
     split,
     num_batches=config.eval.final_num_batches,
@@ -644,13 +626,15 @@ def evaluate_checkpoint(config, workdir: str, split='validation') -> dict:
   return result
 
 
-def sample_checkpoint(config, workdir: str) -> dict:
+def sample_checkpoint(
+  config, workdir: str, *, settings: builders.RunSettings | None = None
+) -> dict:
   """--mode=sample: restores the newest checkpoint, writes samples + metrics.
 
   The metrics JSON (workdir/sample_stats.json) has NFE, FLOPs, tokens/s,
   entropy and repetition, and gen-ppl/MAUVE when config.sample.scorer is set.
   """
-  run, step = _restored(config, workdir)
+  run, step = _restored(config, workdir, settings)
   texts, stats = run.sample()
   stats['step'] = step
   run.write_samples(texts, stats)

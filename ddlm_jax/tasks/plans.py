@@ -19,7 +19,6 @@ import jax
 
 from ddlm_jax.tasks import planner as pt
 from ddlm_jax.tasks import state_tracking
-from ddlm_jax.tasks.language_model import lm_trainer_config
 from ddlm_jax.training.plan import (
   MAX_DEVICES,
   LMSpec,
@@ -43,13 +42,17 @@ def spec_from_config(config, mesh) -> LMSpec:
   from ddlm_jax.training.optimizer import optimizer_from_config
 
   soft_mask = config.get('soft_mask')
-  settings = builders.process_settings(config.process)
-  builders.check_process(settings, config.model, config.data.seq_len, soft_mask)
+  # The plan's entry point: the config's typed blocks, converted once.
+  settings = builders.typed_blocks(config)
+  data = settings.data
+  builders.check_process(
+    settings.process, config.model, data.seq_len, soft_mask
+  )
   process = builders.make_process(
-    settings, vocab_size_of(config.data), soft_mask
+    settings.process, vocab_size_of(data), soft_mask
   )
   tr = config.train
-  trainer = lm_trainer_config(config)  # The run's own optimizer settings.
+  trainer = settings.trainer  # The run's own optimizer settings.
   tx, _ = optimizer_from_config(trainer.optimizer, trainer.num_steps)
 
   def build(remat: bool):
@@ -72,21 +75,20 @@ def spec_from_config(config, mesh) -> LMSpec:
     tx=tx,
     mesh=mesh,
     batch_size=tr.batch_size,
-    seq_len=config.data.seq_len,
+    seq_len=data.seq_len,
     num_steps=tr.num_steps,
     remat=bool(config.model.get('remat', False)),
     ema_decay=trainer.ema_decay,
     accum_steps=trainer.grad_accum_steps,
-    loss_mask=config.data.get('packing', 'packed') == 'padded'
-    and config.data.corpus == 'lm1b',
+    loss_mask=data.packing == 'padded' and data.corpus == 'lm1b',
     eval_batch_size=config.eval.batch_size,
     sample_batch_size=round_up(sample_batch),
     model_config=mcfg if backbone == 'transformer' else None,
-    paper_params=PAPER_PARAMS.get(config.data.corpus, 0)
+    paper_params=PAPER_PARAMS.get(data.corpus, 0)
     if mcfg.width == 768 and mcfg.depth == 12
     else 0,
     settings={
-      'process': config.process.kind,
+      'process': settings.process.kind,
       'width': mcfg.width,
       'depth': mcfg.depth,
       'vocab': process.vocab_size,

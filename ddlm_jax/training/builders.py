@@ -1,4 +1,19 @@
-"""Builds the process, model and data of a run from its ConfigDict."""
+"""Builds the process, model and data of a run from its ConfigDict.
+
+`typed_blocks(config)` is the one place a language-model run's ConfigDict
+becomes typed blocks (`RunSettings`: the process family's config, the data
+settings and the loop's `TrainerConfig`). It lives in the library, not in
+experiments/, because the library has entry points of its own that start
+from a workdir's config.json rather than from the command line
+(`tasks.language_model.load_run`, `ddlm_jax.load`, `--mode=plan`'s
+`tasks.plans.spec_from_config`), and experiments/ sits above the library:
+a converter there could not serve them without an import from the library
+into experiments/. Each entry point calls it once and hands the frozen
+result down; code below the entry points reads `settings.process` /
+`settings.data` and never a raw `config.process` / `config.data` block
+(tests/test_settings_seam.py guards that). The model, sample, train and
+eval blocks are still read as ConfigDicts.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +39,16 @@ from ddlm_jax.models import Transformer, TransformerConfig, hybrid
 from ddlm_jax.models.attention import check_attention_impl
 from ddlm_jax.models.backbones import get_backbone, register_backbone
 from ddlm_jax.models.soft_masking import SoftMaskedModel, SoftMaskInput
-from ddlm_jax.training.config import ConfigError, check_range
+from ddlm_jax.training.config import (
+  ConfigError,
+  OptimizerConfig,
+  TrainerConfig,
+  check_range,
+  check_renamed_keys,
+  optimizer_config,
+  trainer_config,
+  warmup_steps,
+)
 
 
 def soft_mask_enabled(soft_mask) -> bool:
@@ -44,6 +68,76 @@ def process_settings(block) -> ProcessConfig:
     return process_base.process_config(mapping)
   except ValueError as err:
     raise ConfigError(str(err)) from None
+
+
+def lm_trainer_config(config) -> TrainerConfig:
+  """The loop settings of a language-model config (checked ranges)."""
+  tr, o = config.train, config.optim
+  soft_mask = config.get('soft_mask')
+  groups = ()
+  if soft_mask_enabled(soft_mask):
+    groups = (('soft_mask', soft_mask.learning_rate),)
+  return trainer_config(
+    num_steps=tr.num_steps,
+    seed=config.seed,
+    log_every=tr.log_every,
+    eval_every=tr.eval_every,
+    checkpoint_every=tr.checkpoint_every,
+    max_checkpoints=tr.max_checkpoints,
+    halt_after_steps=tr.halt_after_steps,
+    ema_decay=o.ema_decay,
+    eval_uses_ema=bool(config.eval.use_ema),
+    grad_accum_steps=o.grad_accum_steps,
+    mesh_shape=tuple(config.mesh.shape),
+    optimizer=optimizer_config(
+      learning_rate=o.learning_rate,
+      warmup_steps=warmup_steps(o, tr.num_steps),
+      total_steps=tr.num_steps,
+      weight_decay=o.weight_decay,
+      b1=o.b1,
+      b2=o.b2,
+      grad_clip=o.grad_clip,
+      final_lr_fraction=o.final_lr_fraction,
+      group_learning_rates=groups,
+    ),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  """The typed blocks of a language-model run, converted once.
+
+  process: the registered family config of config.process.
+  data: the data settings of config.data.
+  trainer: the loop's settings (config.train, config.optim, the EMA of
+    config.eval, config.mesh and config.seed).
+  """
+
+  process: ProcessConfig
+  data: DataConfig
+  trainer: TrainerConfig
+
+  @property
+  def optimizer(self) -> OptimizerConfig:
+    """The optimizer settings (config.optim), as the trainer holds them."""
+    return self.trainer.optimizer
+
+
+def typed_blocks(config) -> RunSettings:
+  """The typed blocks of a language-model ConfigDict (checked, no data).
+
+  Called once by each entry point (experiments.modes.run, load_run,
+  ddlm_jax.load, --mode=plan). A key renamed since a run was saved, a
+  misspelt or foreign key (named with the closest one) or a value out of
+  range is refused here, before anything is built or written.
+  """
+  check_renamed_keys(config)  # A config file older than a key's rename.
+  trainer = lm_trainer_config(config)
+  data = data_settings(config.data)
+  check_range('data.seq_len', data.seq_len, lo=1, integer=True)
+  return RunSettings(
+    process=process_settings(config.process), data=data, trainer=trainer
+  )
 
 
 def backbone_of(model) -> Backbone:
@@ -255,9 +349,7 @@ class Data:
 def prepare_data(cfg: DataConfig, workdir: str | None) -> Data:
   """The corpus's source, with the tokenizer fitted, loaded or reloaded.
 
-  `cfg` is the typed data settings; a raw config.data block is still
-  taken (read through `data_settings`) until every caller passes the
-  typed one.
+  `cfg` is the typed data settings (`RunSettings.data`).
 
   A tokenizer saved in workdir/tokenizer (from an earlier start of the same
   run) is reused, so a resumed run keeps its vocabulary. Dataset sources
@@ -266,7 +358,10 @@ def prepare_data(cfg: DataConfig, workdir: str | None) -> Data:
   without its training data.
   """
   if not isinstance(cfg, DataConfig):
-    cfg = data_settings(cfg)
+    raise TypeError(
+      f'prepare_data takes a DataConfig, not {type(cfg).__name__}; convert '
+      'the config with builders.typed_blocks(config).data.'
+    )
   tok_dir = paths.join(workdir, 'tokenizer') if workdir else None
   has_saved = bool(tok_dir) and paths.exists(
     paths.join(tok_dir, tokenizers.TOKENIZER_FILENAME)

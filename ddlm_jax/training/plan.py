@@ -599,7 +599,8 @@ KNOWN_VOCABS = {'gpt2': 50257, 'bert-base-uncased': 30522}
 
 
 def vocab_size_of(data) -> int:
-  """The tokenizer's vocabulary size a data config will have, without data.
+  """The tokenizer's vocabulary size typed data settings (a
+  `ddlm_jax.data.settings.DataConfig`) will have, without data.
 
   Known for text8 (27 characters), the HF tokenizers of KNOWN_VOCABS,
   bytes (256) and BPE (data.bpe_vocab_size); a test tokenizer has
@@ -609,7 +610,7 @@ def vocab_size_of(data) -> int:
   from ddlm_jax.training.config import ConfigError
 
   corpus = data.corpus
-  hf = data.get('hf_tokenizer', '')
+  hf = data.hf_tokenizer
   if corpus == 'text8':
     from ddlm_jax.data.tokenizers import TEXT8_ALPHABET
 
@@ -620,13 +621,13 @@ def vocab_size_of(data) -> int:
       return int(data.test_tokenizer_vocab)
     if hf in KNOWN_VOCABS:
       return KNOWN_VOCABS[hf]
-  elif data.get('tokenizer') == 'byte':
+  elif data.tokenizer == 'byte':
     return 256
-  elif data.get('tokenizer') == 'bpe':
+  elif data.tokenizer == 'bpe':
     return int(data.bpe_vocab_size)
   raise ConfigError(
     f'--mode=plan cannot tell the vocabulary of corpus={corpus!r} '
-    f'(tokenizer {hf or data.get("tokenizer")!r}) without its data; plan '
+    f'(tokenizer {hf or data.tokenizer!r}) without its data; plan '
     f'a config with a tokenizer of known size ({sorted(KNOWN_VOCABS)}, '
     'text8, byte or bpe).'
   )
