@@ -57,7 +57,7 @@ STEP_FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1)
 GAMMAS = (0.0, 0.5, 1.0, 2.0, 4.0)
 THRESHOLDS = (1.0, 0.95, 0.9, 0.8, 0.7, 0.5)
 REFRESH = (1, 8, 4, 0)  # 1 = exact; 0 = at block starts only.
-TWO_NETWORK = ('scheduled',)
+TWO_NETWORK = ('scheduled', 'ddpd')
 
 
 @dataclasses.dataclass

@@ -14,6 +14,7 @@ from ddlm_jax.diffusion.base import (
   registered_kinds,
 )
 from ddlm_jax.diffusion.block import BlockDiffusion
+from ddlm_jax.diffusion.ddpd import PlannerProcess
 from ddlm_jax.diffusion.duo import DuoDiffusion
 from ddlm_jax.diffusion.interpolating import InterpolatingDiffusion
 from ddlm_jax.diffusion.masked import MaskedDiffusion
@@ -33,6 +34,7 @@ __all__ = [
   'InterpolatingDiffusion',
   'MaskedDiffusion',
   'MixScaleBlockDiffusion',
+  'PlannerProcess',
   'PrimeDiffusion',
   'Process',
   'ProcessConfig',

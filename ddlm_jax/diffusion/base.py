@@ -8,7 +8,8 @@ probe a process with `hasattr` (a test scans the library for that):
 
   Process            what every process has: vocab sizes, `causal`,
                      `family`, `requires_time_conditioning`, `uses_step`,
-                     `generate_id`, `loss(apply, key, x, mask, *, step)`,
+                     `output_size`, `generate_id`,
+                     `loss(apply, key, x, mask, *, step)`,
                      `evaluation_process`.
   DiffusionProcess   adds the schedule, the mask id (None without one),
                      `corrupt`, `draw`, `bound`, the forward marginal, the
@@ -70,6 +71,13 @@ class Process(abc.ABC):
   @abc.abstractmethod
   def input_vocab_size(self) -> int:
     """Embedding rows the network needs (data tokens plus special ids)."""
+
+  @property
+  def output_size(self) -> int:
+    """Logits per position the network emits (V unless overridden: a
+    process that predicts something other than tokens, such as DDPD's
+    one noise logit, declares its width here)."""
+    return int(self.vocab_size)
 
   @property
   def generate_id(self) -> int:

@@ -224,7 +224,7 @@ def transformer_config(model: Mapping, process: Process) -> TransformerConfig:
     )
   check_model_sizes(kwargs)
   kwargs.update(
-    vocab_size=process.vocab_size,
+    vocab_size=process.output_size,
     input_vocab_size=process.input_vocab_size,
     causal=process.causal,
   )
