@@ -14,6 +14,7 @@ from ddlm_jax.diffusion.base import (
   registered_kinds,
 )
 from ddlm_jax.diffusion.block import BlockDiffusion
+from ddlm_jax.diffusion.dgemma import DGemmaDiffusion
 from ddlm_jax.diffusion.duo import DuoDiffusion
 from ddlm_jax.diffusion.interpolating import InterpolatingDiffusion
 from ddlm_jax.diffusion.masked import MaskedDiffusion
@@ -28,6 +29,7 @@ __all__ = [
   'Autoregressive',
   'BlockDiffusion',
   'BlockProcess',
+  'DGemmaDiffusion',
   'DiffusionProcess',
   'DuoDiffusion',
   'InterpolatingDiffusion',

@@ -14,7 +14,8 @@ re-editing) and approx_cache (the same with Fast-dLLM's approximate prefix
 or dual KV cache, plain Transformers only) for masked processes; llada
 (LLaDA's block-by-block decoding with low-confidence remasking) for masked
 processes; prime_ancestral (sub-token ancestral sampling) for MDM-Prime
-processes.
+processes; entropy_bound_canvas (DiffusionGemma's canvas sampler) for
+'dgemma' processes.
 Each sampler's `families` says which; `samplers_for(family)` lists them. A
 spec string 'eb:gamma=0.1,temperature=0.9' or
 'psi:kappa=max_capped_eta,eta=0.01' holds a name and parameters in one
@@ -31,6 +32,7 @@ from ddlm_jax.sampling import base
 from ddlm_jax.sampling.approx_cache import ApproxCacheSampler
 from ddlm_jax.sampling.base import Sampler, build, compatible_samplers
 from ddlm_jax.sampling.block import BlockSampler
+from ddlm_jax.sampling.dgemma_canvas import EntropyBoundCanvasSampler
 from ddlm_jax.sampling.did import DiDSampler
 from ddlm_jax.sampling.llada import LLaDASampler
 from ddlm_jax.sampling.prime import PrimeAncestralSampler
@@ -49,6 +51,7 @@ SAMPLERS: dict[str, type[Sampler]] = {
   ApproxCacheSampler.name: ApproxCacheSampler,
   LLaDASampler.name: LLaDASampler,
   PrimeAncestralSampler.name: PrimeAncestralSampler,
+  EntropyBoundCanvasSampler.name: EntropyBoundCanvasSampler,
 }
 # The incompatibility errors of Sampler.__call__ list names from this table.
 base.REGISTERED.update(SAMPLERS)
