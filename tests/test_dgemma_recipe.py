@@ -12,6 +12,7 @@ mean under the source is above the entropy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
 import jax
@@ -167,21 +168,30 @@ def test_each_block_reads_its_clean_prefix_only():
   key_x, key_z = jax.random.split(jax.random.key(0))
   x = jax.random.randint(key_x, (2, 12), 0, 11)
   z = jax.random.randint(key_z, (2, 12), 0, 11)
-  logits = block_logits(model, z, x, 4)
+  vectorised = jax.jit(lambda z, x: block_logits(model, z, x, 4))
+  decode = jax.jit(lambda z, cache: model.decode(z, cache))
+  encode = jax.jit(lambda x, cache: model.encode(x, cache)[1])
+  logits = vectorised(z, x)
   cache = model.init_cache(2, 12)
   for b in range(3):
-    want = model.decode(z[:, 4 * b : 4 * b + 4], cache)
+    want = decode(z[:, 4 * b : 4 * b + 4], cache)
     np.testing.assert_allclose(logits[:, 4 * b : 4 * b + 4], want, atol=2e-5)
-    _, cache = model.encode(x[:, 4 * b : 4 * b + 4], cache)
+    cache = encode(x[:, 4 * b : 4 * b + 4], cache)
   z2 = z.at[:, 4:8].set((z[:, 4:8] + 1) % 11)
   x2 = x.at[:, 4:].set((x[:, 4:] + 1) % 11)
-  other = block_logits(model, z2, x2, 4)
+  other = vectorised(z2, x2)
   np.testing.assert_allclose(other[:, :4], logits[:, :4], atol=1e-6)
   assert not np.allclose(other[:, 4:8], logits[:, 4:8], atol=1e-3)
 
 
 def _loss(process, model, x, key=7):
-  return np.asarray(process.loss(model, jax.random.key(key), x)[0])
+  graphdef, params = nnx.split(model, nnx.Param)
+  return np.asarray(_jit_loss(graphdef, process, params, x, key))
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'process'))
+def _jit_loss(graphdef, process, params, x, key):
+  return process.loss(nnx.merge(graphdef, params), jax.random.key(key), x)[0]
 
 
 def _scale_self_conditioning(model, factor):
@@ -207,9 +217,9 @@ def test_self_conditioning_off_is_the_model_without_the_module_path():
   np.testing.assert_allclose(_loss(on, model, x), base_off, rtol=1e-5)
   # The no-signal pass is exactly the plain decoder call per block.
   t, w, z = off.draw(jax.random.split(jax.random.key(7))[0], x)
-  plain = block_logits(model, z, x, 4)
+  plain = jax.jit(lambda z, x: block_logits(model, z, x, 4))(z, x)
   np.testing.assert_allclose(
-    np.asarray(off.bound(plain, x, z, t, w)[0]), base_off, rtol=1e-6
+    np.asarray(off.bound(plain, x, z, t, w)[0]), base_off, rtol=1e-5
   )
 
 
@@ -223,7 +233,7 @@ def test_self_conditioning_trains_the_module_only_when_on():
     loss = lambda ps: proc.loss(nnx.merge(graphdef, ps), jax.random.key(3), x)[
       0
     ].sum()
-    g = jax.grad(loss)(params)
+    g = jax.jit(jax.grad(loss))(params)
     sc = g['net']['self_conditioning']['mlp']
     return sum(float(jnp.abs(a).sum()) for a in jax.tree.leaves(sc))
 
