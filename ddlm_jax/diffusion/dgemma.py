@@ -79,26 +79,27 @@ FAMILY = 'dgemma'
 BACKBONE = 'diffusion_gemma'
 
 
-def block_logits(
+def encode_clean(net, x_BxL: jax.Array):
+  """The cache of one causal encoder pass over the clean sequence (L
+  positions). A causal encoder's keys of a prefix do not depend on what
+  follows it, so cut to b * C positions it is the cache the sampler builds
+  canvas by canvas."""
+  cache = net.init_cache(x_BxL.shape[0], x_BxL.shape[1])
+  return net.encode(x_BxL.astype(jnp.int32), cache)[1]
+
+
+def decode_blocks(
   net,
+  cache,
   z_BxL: jax.Array,
-  x_BxL: jax.Array,
   block_size: int,
   sc_logits_BxLxV: jax.Array | None = None,
   sc_mask_B: jax.Array | None = None,
 ) -> jax.Array:
-  """Denoiser logits [B, L, V] of every block, each reading its clean prefix.
-
-  One causal encoder pass over x fills a cache of L positions; block b's
-  decoder pass reads it cut to b * block_size positions (a causal encoder's
-  keys of the prefix do not depend on what follows it, so this is the
-  cache the sampler builds canvas by canvas). The blocks' decoder passes
-  run as one vectorised call.
-  """
-  batch, length = x_BxL.shape
+  """Decoder logits [B, L, V] of every block, block b reading the cache cut
+  to its clean prefix (b * block_size positions); one vectorised call."""
+  batch, length = z_BxL.shape
   num_blocks = length // block_size
-  cache = net.init_cache(batch, length)
-  _, cache = net.encode(x_BxL.astype(jnp.int32), cache)
 
   def per_block(a_BxL):  # [B, L, ...] -> [Nb, B, C, ...]
     shape = (batch, num_blocks, block_size) + a_BxL.shape[2:]
@@ -116,6 +117,22 @@ def block_logits(
     sc_NbxBxCxV = per_block(sc_logits_BxLxV)
     logits = jax.vmap(decode)(starts_Nb, z_NbxBxC, sc_NbxBxCxV)
   return jnp.swapaxes(logits, 0, 1).reshape(batch, length, -1)
+
+
+def block_logits(
+  net,
+  z_BxL: jax.Array,
+  x_BxL: jax.Array,
+  block_size: int,
+  sc_logits_BxLxV: jax.Array | None = None,
+  sc_mask_B: jax.Array | None = None,
+) -> jax.Array:
+  """Denoiser logits [B, L, V] of every block, each reading its clean
+  prefix: `encode_clean` then `decode_blocks`."""
+  cache = encode_clean(net, x_BxL)
+  return decode_blocks(
+    net, cache, z_BxL, block_size, sc_logits_BxLxV, sc_mask_B
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,15 +289,17 @@ class DGemmaDiffusion(BlockProcess):
     Bernoulli(p) draw (from `key`) is on; the others get a zero signal.
     """
     del t_BxNb  # Time-free: the canvas shows its noise level.
-    first = block_logits(apply, z_BxL, x_BxL, self.block_size)
+    cache = encode_clean(apply, x_BxL)  # One encoder pass serves both.
     p = self.self_conditioning
     if p == 0.0:
-      return first
+      return decode_blocks(apply, cache, z_BxL, self.block_size)
     if key is None:
       raise ValueError('self-conditioning draws which rows use it: pass key.')
+    first = decode_blocks(apply, jax.lax.stop_gradient(cache), z_BxL,
+                          self.block_size)  # fmt: skip
     use_B = jax.random.bernoulli(key, p, (x_BxL.shape[0],))
-    return block_logits(
-      apply, z_BxL, x_BxL, self.block_size, jax.lax.stop_gradient(first),
+    return decode_blocks(
+      apply, cache, z_BxL, self.block_size, jax.lax.stop_gradient(first),
       use_B.astype(jnp.float32),
     )  # fmt: skip
 
