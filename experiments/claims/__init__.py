@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from experiments.claims import (
   block,
+  dgemma,
   mdlm,
   pdssm,
   planning,
@@ -53,6 +54,7 @@ def _collect() -> dict[str, Claim]:
     uniform,
     block,
     prime,
+    dgemma,
   ):
     for claim in module.CLAIMS:
       if claim.id in out:
