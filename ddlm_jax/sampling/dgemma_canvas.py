@@ -3,7 +3,7 @@
 `ddlm_jax.sampling.entropy_bound_canvas.generate` is DiffusionGemma's
 sampler with a host loop (early stops decided on the host, end-of-sequence
 padding), checked token for token against the reference. This is the same
-step (`entropy_bound_canvas._step`: temperature schedule, Gumbel draw,
+step (`entropy_bound_canvas.denoise_step`: temperature schedule, Gumbel draw,
 entropy-bound acceptance, renoising, stable-and-confident stop) run
 entirely under jit, so a run samples it through the registry like every
 other sampler:
@@ -34,7 +34,7 @@ from ddlm_jax.sampling.base import Sampler, require_int
 from ddlm_jax.sampling.entropy_bound_canvas import (
   CanvasNoise,
   EntropyBoundCanvasConfig,
-  _step,
+  denoise_step,
   draw_noise,
 )
 
@@ -70,7 +70,7 @@ def fill_canvases(
     finished = jnp.zeros((batch,), bool)
 
     def step(i, canvas, argmax, sc, history, finished, first):
-      canvas, argmax, sc, history, finished, _ = _step(
+      canvas, argmax, sc, history, finished, _ = denoise_step(
         model, canvas, argmax, sc, history, finished, cache,
         noise.gumbel[k, i], noise.renoise_tokens[k, i],
         jnp.float32(steps) - i, cfg, first,
