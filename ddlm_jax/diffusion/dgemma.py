@@ -55,7 +55,6 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ddlm_jax.diffusion.base import (
   Backbone,
@@ -368,10 +367,6 @@ class DGemmaDiffusion(BlockProcess):
       't': t_BxNb.mean(-1),
     }
     return objective_B, nelbo_B, aux
-
-  def block_ids(self, seq_len: int) -> np.ndarray:
-    """[L] block index of every position."""
-    return np.arange(seq_len) // self.block_size
 
 
 @ProcessConfig.register(FAMILY)
