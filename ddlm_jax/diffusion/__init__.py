@@ -15,6 +15,7 @@ from ddlm_jax.diffusion.base import (
 )
 from ddlm_jax.diffusion.block import BlockDiffusion
 from ddlm_jax.diffusion.ddpd import PlannerProcess
+from ddlm_jax.diffusion.dgemma import DGemmaDiffusion
 from ddlm_jax.diffusion.duo import DuoDiffusion
 from ddlm_jax.diffusion.interpolating import InterpolatingDiffusion
 from ddlm_jax.diffusion.masked import MaskedDiffusion
@@ -29,6 +30,7 @@ __all__ = [
   'Autoregressive',
   'BlockDiffusion',
   'BlockProcess',
+  'DGemmaDiffusion',
   'DiffusionProcess',
   'DuoDiffusion',
   'InterpolatingDiffusion',

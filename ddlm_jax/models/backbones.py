@@ -21,7 +21,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 # Modules that register backbones when imported, tried on a lookup miss.
-PROVIDERS = ('ddlm_jax.interop.llama_family',)
+PROVIDERS = (
+  'ddlm_jax.interop.llama_family',
+  'ddlm_jax.models.dgemma_backbone',
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -131,7 +131,7 @@ def entropy_bound_accept(entropy_BxC: jax.Array, bound: float) -> jax.Array:
   return jnp.zeros_like(keep_BxC).at[rows, order_BxC].set(keep_BxC)
 
 
-def _step(model, canvas, argmax, sc_logits, history, finished, cache,
+def denoise_step(model, canvas, argmax, sc_logits, history, finished, cache,
           gumbel, renoise, steps_left, cfg, first):  # fmt: skip
   """One denoising step for all rows (see the module docstring)."""
   logits = model.decode(canvas, cache, None if first else sc_logits)
@@ -159,7 +159,7 @@ def _step(model, canvas, argmax, sc_logits, history, finished, cache,
   return new_canvas, new_argmax, sc_logits, history, finished, accept
 
 
-_jit_step = nnx.jit(_step, static_argnames=('cfg', 'first'))
+_jit_step = nnx.jit(denoise_step, static_argnames=('cfg', 'first'))
 _jit_encode = nnx.jit(lambda model, tokens, cache: model.encode(tokens, cache))
 
 

@@ -15,7 +15,9 @@ or dual KV cache, plain Transformers only) for masked processes; llada
 (LLaDA's block-by-block decoding with low-confidence remasking) for masked
 processes; prime_ancestral (sub-token ancestral sampling) for MDM-Prime
 processes; ddpd (planned denoising: apply = (planner_apply,
-denoiser_apply), nfe per network) for DDPD planner runs.
+denoiser_apply), nfe per network) for DDPD planner runs;
+entropy_bound_canvas (DiffusionGemma's canvas sampler) for
+'dgemma' processes.
 Each sampler's `families` says which; `samplers_for(family)` lists them. A
 spec string 'eb:gamma=0.1,temperature=0.9' or
 'psi:kappa=max_capped_eta,eta=0.01' holds a name and parameters in one
@@ -33,6 +35,7 @@ from ddlm_jax.sampling.approx_cache import ApproxCacheSampler
 from ddlm_jax.sampling.base import Sampler, build, compatible_samplers
 from ddlm_jax.sampling.block import BlockSampler
 from ddlm_jax.sampling.ddpd import DDPDSampler
+from ddlm_jax.sampling.dgemma_canvas import EntropyBoundCanvasSampler
 from ddlm_jax.sampling.did import DiDSampler
 from ddlm_jax.sampling.llada import LLaDASampler
 from ddlm_jax.sampling.prime import PrimeAncestralSampler
@@ -52,6 +55,7 @@ SAMPLERS: dict[str, type[Sampler]] = {
   LLaDASampler.name: LLaDASampler,
   PrimeAncestralSampler.name: PrimeAncestralSampler,
   DDPDSampler.name: DDPDSampler,
+  EntropyBoundCanvasSampler.name: EntropyBoundCanvasSampler,
 }
 # The incompatibility errors of Sampler.__call__ list names from this table.
 base.REGISTERED.update(SAMPLERS)

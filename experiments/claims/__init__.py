@@ -13,6 +13,7 @@ from __future__ import annotations
 from experiments.claims import (
   block,
   ddpd,
+  dgemma,
   mdlm,
   pdssm,
   planning,
@@ -55,6 +56,7 @@ def _collect() -> dict[str, Claim]:
     block,
     prime,
     ddpd,
+    dgemma,
   ):
     for claim in module.CLAIMS:
       if claim.id in out:
