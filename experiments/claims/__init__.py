@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from experiments.claims import (
   block,
+  evaluation,
   mdlm,
   pdssm,
   planning,
@@ -51,6 +52,7 @@ def _collect() -> dict[str, Claim]:
     planning,
     uniform,
     block,
+    evaluation,
   ):
     for claim in module.CLAIMS:
       if claim.id in out:
