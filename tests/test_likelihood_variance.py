@@ -75,7 +75,7 @@ def test_measures_every_estimator_and_writes_judged_records(run, tmp_path):
   recs = lv.claim_records([out, other], 'cmd', '.')
   for rec in recs:
     records.write(rec, 'test', str(tmp_path))
-    judged = v.judge(CLAIMS[rec['claim']], rec)
+    judged = v.judge(CLAIMS[rec['claim']].rule, rec)
     # Two training seeds are fewer than the rules' three.
     assert judged.label in (v.PARTIAL, v.MISS), judged
   loaded = records.load_all(str(tmp_path))
