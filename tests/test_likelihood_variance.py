@@ -72,7 +72,7 @@ def test_measures_every_estimator_and_writes_judged_records(run, tmp_path):
   assert full['reference']['samples'] == 256
   # Two seeds through --json_in style inputs -> one record per claim.
   other = dict(out, seed=out['seed'] + 1)
-  recs = lv.claim_records([out, other], 'cmd', '.')
+  recs = lv.claim_records([out, other], '.')
   for rec in recs:
     records.write(rec, 'test', str(tmp_path))
     judged = v.judge(CLAIMS[rec['claim']].rule, rec)
@@ -83,6 +83,7 @@ def test_measures_every_estimator_and_writes_judged_records(run, tmp_path):
   best = lv.best_at_16(full)
   assert spread['arms']['best@16']['values'][0] == full[best]['stderr']
   assert spread['seeds'] == [out['seed'], out['seed'] + 1]
+  assert '--workdir=RUN_S0 --workdir=RUN_S1 --texts=2' in spread['command']
 
 
 def test_bad_cases_refused():

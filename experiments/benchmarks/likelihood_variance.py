@@ -37,8 +37,6 @@ import argparse
 import datetime
 import json
 import os
-import shlex
-import sys
 
 import jax
 import numpy as np
@@ -198,12 +196,29 @@ def measure_run(workdir, *, texts, repeats, reference, text, cases) -> dict:
   return result
 
 
-def claim_records(results: list[dict], command: str, repo: str) -> list:
+def measuring_command(results: list[dict]) -> str:
+  """The command that measures `results` again, run directories named by
+  seed (RUN_S<seed>: the quickstart trained with --config.seed)."""
+  r0 = results[0]
+  cases = ','.join(c for c in ('full', 'conditional') if c in r0)
+  return (
+    'python -m experiments.benchmarks.likelihood_variance '
+    + ' '.join(f'--workdir=RUN_S{r["seed"]}' for r in results)
+    + f' --texts={r0["texts"]} --repeats={r0["repeats"]} '
+    f'--reference={r0["full"]["reference"]["samples"]} --cases={cases} '
+    '--record (RUN_S<n>: python -m experiments.run '
+    '--config=experiments/configs/quickstart.py --workdir=RUN_S<n> '
+    '--config.seed=<n>)'
+  )
+
+
+def claim_records(results: list[dict], repo: str) -> list:
   """The two claim records of `results` (one per training seed)."""
   from experiments.claims import records
 
   results = sorted(results, key=lambda r: r['seed'])
   seeds = [r['seed'] for r in results]
+  command = measuring_command(results)
   best = [best_at_16(r['full']) for r in results]
   common = {
     'source': 'python -m experiments.benchmarks.likelihood_variance',
@@ -219,8 +234,8 @@ def claim_records(results: list[dict], command: str, repo: str) -> list:
   setup = (
     f'{results[0]["texts"]} validation rows of {results[0]["seq_len"]} '
     f'tokens, {results[0]["repeats"]} repeats per estimator, reference '
-    f'{results[0]["full"]["reference"]["samples"]} i.i.d. draws; runs '
-    + ', '.join(f'{r["workdir"]} (step {r["step"]})' for r in results)
+    f'{results[0]["full"]["reference"]["samples"]} i.i.d. draws; runs at '
+    'step ' + ', '.join(str(r['step']) for r in results)
   )
 
   def table(fmt):
@@ -322,11 +337,8 @@ def main(argv=None) -> dict:
     from experiments.claims import records
 
     repo = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-    command = 'python -m experiments.benchmarks.likelihood_variance ' + (
-      shlex.join(sys.argv[1:] if argv is None else argv)
-    )
     stamp = datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')
-    for record in claim_records(runs, command, repo):
+    for record in claim_records(runs, repo):
       print(records.write(record, stamp, records.RECORDS_DIR))
   return result
 
