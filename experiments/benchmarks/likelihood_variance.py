@@ -264,7 +264,10 @@ def claim_records(results: list[dict], repo: str) -> list:
       },
     },
     'notes': f'Best 16-draw estimator per seed: {", ".join(best)}. {setup}. '
-    'Standard error (spread over repeats, nats per row): '
+    'Draws of each that match 128 i.i.d. draws (S (its spread / the '
+    'iid@128 spread)^2): '
+    + table(lambda v: f'{v["draws_to_match_iid_128"]:.0f}')
+    + '. Standard error (spread over repeats, nats per row): '
     + table(lambda v: f'{v["stderr"]:.3f}')
     + '.',
   }
