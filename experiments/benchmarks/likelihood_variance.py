@@ -200,7 +200,9 @@ def measuring_command(results: list[dict]) -> str:
   """The command that measures `results` again, run directories named by
   seed (RUN_S<seed>: the quickstart trained with --config.seed)."""
   r0 = results[0]
-  cases = ','.join(c for c in ('full', 'conditional') if c in r0)
+  cases = ','.join(
+    c for c in ('full', 'conditional') if all(c in r for r in results)
+  )
   return (
     'python -m experiments.benchmarks.likelihood_variance '
     + ' '.join(f'--workdir=RUN_S{r["seed"]}' for r in results)
