@@ -197,3 +197,73 @@ def test_evaluate_likelihood_with_an_estimator():
   head_zero = run('counts', 4)
   assert head_zero == pytest.approx(np.log(7), rel=5e-3)
   assert run('iid', 64) == pytest.approx(np.log(7), rel=0.1)
+
+
+def test_eval_estimator_switch_in_the_zero_shot_suite():
+  """`eval.estimator` picks the draws of the zero-shot suite (default 'iid',
+  what every recorded number used) and is checked before any compute. On
+  a uniform denoiser (head at zero) 'counts' lands on L log V per row,
+  where 2 i.i.d. draws scatter around it."""
+  import types
+
+  from flax import nnx
+
+  from ddlm_jax.data import sources
+  from ddlm_jax.evaluation import zero_shot
+  from ddlm_jax.evaluation.likelihood import config_estimator
+  from ddlm_jax.training import builders
+  from experiments.configs import quickstart
+
+  c = quickstart.get_config('smoke')
+  vocab = 7
+  process = builders.make_process(builders.process_settings(c.process), vocab)
+  assert config_estimator(c, process) == 'iid'  # Unset: the old draws.
+  net = builders.model_builder(c.model, process)(rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(net, nnx.Param)
+  length = c.data.seq_len
+  tokens = np.random.default_rng(0).integers(0, vocab, 4 * length)
+  run = types.SimpleNamespace(
+    config=c,
+    settings=builders.typed_blocks(c),
+    process=process,
+    graphdef=graphdef,
+    eval_params=lambda: params,
+  )
+  rows = sources.PackedSplit(tokens.astype(np.int32), bos=None, eos=None)
+
+  def score(estimator):
+    c.eval.estimator = estimator
+    return zero_shot.score_rows(
+      run, rows, batch_size=2, max_batches=None, time_samples=2, seed=0
+    )
+
+  target = length * np.log(vocab)
+  counts, iid = score('counts'), score('iid')
+  assert counts.shape == iid.shape == (4,)
+  np.testing.assert_allclose(counts, target, rtol=5e-3)
+  assert np.abs(iid - target).max() > 10 * np.abs(counts - target).max()
+  c.eval.estimator = 'sobol'
+  with pytest.raises(ConfigError, match='eval.estimator='):
+    config_estimator(c, process)
+  c.eval.estimator = 'counts'
+  c.model.time_conditioning = True
+  with pytest.raises(ConfigError, match='time-conditioned'):
+    config_estimator(c, process)
+
+
+def test_run_reads_eval_estimator_and_refuses_a_bad_one_before_writing(
+  tmp_path,
+):
+  from ddlm_jax.tasks.language_model import Run
+  from ddlm_jax.training.config import ConfigError
+  from experiments.configs import quickstart
+
+  config = quickstart.get_config('smoke')
+  config.mesh.shape = (1, 1, 1)
+  config.eval.estimator = 'stratifed'
+  with pytest.raises(ConfigError, match='eval.estimator'):
+    Run(config, str(tmp_path / 'bad'))
+  assert not (tmp_path / 'bad').exists()  # Refused before any file.
+  config.eval.estimator = 'stratified'
+  run = Run(config, str(tmp_path / 'good'))
+  assert run.estimator == 'stratified'

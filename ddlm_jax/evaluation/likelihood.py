@@ -6,7 +6,9 @@ data spread and the remaining Monte-Carlo noise, so it is honest about both).
 Units: nats/token, bits/token (= BPC on characters) and the perplexity bound
 exp(nats/token). `evaluate_likelihood(..., estimator=...)` draws the samples
 with one of the lower-variance estimators of `evaluation.estimators`
-(masked diffusion only; others keep i.i.d. draws).
+(masked diffusion only; others keep i.i.d. draws). A run picks it with
+`eval.estimator` (`config_estimator`; default 'iid', the draws every
+recorded number used), read by evaluation and the zero-shot suite alike.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from flax import nnx
 
 from ddlm_jax.diffusion.base import Process
 from ddlm_jax.evaluation import estimators as est
+from ddlm_jax.training.config import ConfigError
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef', 'process', 'samples'))
@@ -35,6 +38,75 @@ def sequence_nll(
     return process.loss(apply, key, x_BxL, mask_BxL)[1]
 
   return jnp.mean(jax.lax.map(one, jax.random.split(key, samples)), axis=0)
+
+
+def config_estimator(config, process: Process) -> str:
+  """The run's `eval.estimator` ('iid' when unset), checked against its
+  process before any compute.
+
+  Non-masked processes always draw i.i.d. (their draws cannot be
+  steered), so any valid name is accepted for them.
+  """
+  estimator = str(config.eval.get('estimator', 'iid'))
+  if estimator not in est.ESTIMATORS:
+    raise ConfigError(
+      f'eval.estimator={estimator!r}; choose one of {est.ESTIMATORS}.'
+    )
+  process = process.evaluation_process
+  if estimator == 'counts' and est.supports_estimators(process):
+    if config.model.get('time_conditioning', False):
+      raise ConfigError(
+        "eval.estimator='counts' integrates t out, so the network must not "
+        'read t; this run is time-conditioned: use stratified.'
+      )
+    if process.num_steps:
+      raise ConfigError(
+        "eval.estimator='counts' needs continuous time; this run has "
+        f'process.num_steps={process.num_steps}: use stratified.'
+      )
+  return estimator
+
+
+def row_nll(
+  params,
+  key,
+  x_BxL,
+  mask_BxL=None,
+  *,
+  graphdef,
+  process: Process,
+  samples: int,
+  estimator: str = 'iid',
+) -> np.ndarray:
+  """Per-sequence bound (nats) of `samples` draws taken by `estimator`:
+  float [B]. Non-masked processes, and 'iid', use `sequence_nll`."""
+  if estimator != 'iid' and est.supports_estimators(process.evaluation_process):
+    est.check_estimator(estimator, samples)
+    if mask_BxL is None:
+      mask_BxL = np.ones(np.shape(x_BxL), np.float32)
+    return np.asarray(
+      est.bound_draws(
+        params,
+        key,
+        jnp.asarray(x_BxL),
+        jnp.asarray(mask_BxL, jnp.float32),
+        graphdef=graphdef,
+        process=process.evaluation_process,
+        samples=samples,
+        estimator=estimator,
+      ).mean(0)
+    )
+  return np.asarray(
+    sequence_nll(
+      params,
+      key,
+      jnp.asarray(x_BxL),
+      None if mask_BxL is None else jnp.asarray(mask_BxL, jnp.float32),
+      graphdef=graphdef,
+      process=process,
+      samples=samples,
+    )
+  )
 
 
 def summarize_nll(nll_per_seq, tokens_per_seq) -> dict[str, float]:
@@ -95,32 +167,18 @@ def evaluate_likelihood(
       batch = {'tokens': batch}
     x_BxL = jnp.asarray(batch['tokens'])
     mask = batch.get('loss_mask')
-    if steered:
-      if mask is None:
-        mask = np.ones(x_BxL.shape, np.float32)
-      nll_B = est.bound_draws(
+    per_seq.append(
+      row_nll(
         params,
         jax.random.fold_in(key, i),
         x_BxL,
-        jnp.asarray(mask, jnp.float32),
+        mask,
         graphdef=graphdef,
         process=process,
         samples=samples,
-        estimator=estimator,
-      ).mean(0)
-      per_seq.append(np.asarray(nll_B))
-      counts.append(np.asarray(mask, np.float64).sum(-1))
-      continue
-    nll_B = sequence_nll(
-      params,
-      jax.random.fold_in(key, i),
-      x_BxL,
-      None if mask is None else jnp.asarray(mask, jnp.float32),
-      graphdef=graphdef,
-      process=process,
-      samples=samples,
+        estimator=estimator if steered else 'iid',
+      )
     )
-    per_seq.append(np.asarray(nll_B))
     if mask is None:
       counts.append(np.full(x_BxL.shape[0], x_BxL.shape[1], np.float64))
     else:

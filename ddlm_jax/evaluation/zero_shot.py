@@ -30,7 +30,11 @@ import numpy as np
 from ddlm_jax.data import sources
 from ddlm_jax.data import zero_shot as zs_data
 from ddlm_jax.data.tokenizers import BPETokenizer
-from ddlm_jax.evaluation.likelihood import sequence_nll, summarize_nll
+from ddlm_jax.evaluation.likelihood import (
+  config_estimator,
+  row_nll,
+  summarize_nll,
+)
 
 
 def packed_rows(
@@ -61,8 +65,15 @@ def score_rows(
   max_batches: int | None,
   time_samples: int,
   seed: int,
+  estimator: str | None = None,
 ) -> np.ndarray:
-  """Per-row NELBO (nats) of every full row: float64 [num_rows]."""
+  """Per-row NELBO (nats) of every full row: float64 [num_rows].
+
+  `estimator` (default: the run's `eval.estimator`, 'iid' when unset)
+  draws the `time_samples` samples as `evaluation.estimators` describes.
+  """
+  if estimator is None:
+    estimator = config_estimator(run.config, run.process)
   seq_len = run.settings.data.seq_len
   batches = sources.packed_eval_batches(
     rows,
@@ -81,13 +92,14 @@ def score_rows(
     n = x_BxL.shape[0]
     if n < batch_size:  # One compiled shape: pad with copies, drop them.
       x_BxL = np.concatenate([x_BxL, np.repeat(x_BxL[:1], batch_size - n, 0)])
-    nll_B = sequence_nll(  # numpy input: replicated on every process.
+    nll_B = row_nll(  # numpy input: replicated on every process.
       params,
       jax.random.fold_in(key, i),
       np.asarray(x_BxL, np.int32),
       graphdef=run.graphdef,
       process=run.process,
       samples=samples,
+      estimator=estimator,
     )
     out.append(np.asarray(nll_B, np.float64)[:n])
   return np.concatenate(out)

@@ -181,6 +181,8 @@ class DdlmJaxLM(LM):
     self.cache = ResultCache(path)
     self.last_stderrs: list[float] = []  # Of the last loglikelihood call.
     self._net = dict(graphdef=self.model.graphdef)
+    self._built = None  # The run's sampler, built on first use.
+    self._sample_fns: dict[int, Callable] = {}
 
   @classmethod
   def create_from_arg_obj(cls, arg_dict, additional_config=None):
@@ -457,10 +459,36 @@ class DdlmJaxLM(LM):
       )
     rows = np.where(rows_BxL < 0, self.process.generate_id, rows_BxL)
     cfg = self.model._sample_config(self.sampler, self.steps, {})
-    built = self.model._sampler(cfg)
-    return np.asarray(
-      self.model._draw(cfg, built, len(rows), self.seed + offset, rows)
+    if self._built is None:
+      self._built = self.model._sampler(cfg)
+    if self._built.num_models != 1:  # A light network: the run's own path.
+      return np.asarray(
+        self.model._draw(cfg, self._built, len(rows), self.seed + offset, rows)
+      )
+    # One compiled shape for every batch: the last one padded with copies.
+    n = len(rows)
+    rows = np.concatenate([rows, np.repeat(rows[:1], self.batch_size - n, 0)])
+    tokens_BxL = self._sample_fn(len(rows))(
+      self.model.params, jax.random.key(self.seed + offset), jnp.asarray(rows)
     )
+    return np.asarray(tokens_BxL)[:n]
+
+  def _sample_fn(self, batch: int) -> Callable:
+    """The sampler compiled once per batch size with the prompt rows as an
+    argument (`Model.generate` compiles each prompt in, which costs a
+    compile per batch of requests)."""
+    if batch not in self._sample_fns:
+      built, graphdef = self._built, self.model.graphdef
+      process, length = self.model.process, self.seq_len
+
+      def sample(params, key, prompt_BxL):
+        apply = nnx.merge(graphdef, params)
+        return built(
+          apply, key, process, batch=batch, length=length, prompt_BxL=prompt_BxL
+        )[0]
+
+      self._sample_fns[batch] = jax.jit(sample)
+    return self._sample_fns[batch]
 
   def generate_until(self, requests, disable_tqdm: bool = False):
     items = [

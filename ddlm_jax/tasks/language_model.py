@@ -32,7 +32,10 @@ import numpy as np
 from ddlm_jax import paths
 from ddlm_jax.data import zero_shot as zs_data
 from ddlm_jax.evaluation import cost, zero_shot
-from ddlm_jax.evaluation.likelihood import evaluate_likelihood
+from ddlm_jax.evaluation.likelihood import (
+  config_estimator,
+  evaluate_likelihood,
+)
 from ddlm_jax.evaluation.sample_run import (
   check_time_free,
   sample_and_score,
@@ -213,6 +216,7 @@ class Run:
     self.sampler = check_sample_config(
       config.sample, stand_in, config.model.get('time_conditioning', False)
     )
+    self.estimator = config_estimator(config, stand_in)
     if self.init_from:
       load_config(self.init_from)  # Its config.json parses (or is named).
       warm_start.copy_tokenizer(self.init_from, workdir)
@@ -453,6 +457,7 @@ class Run:
       progress.batches(batches, f'evaluating {split}'),
       key=jax.random.key(seed),
       time_samples=time_samples,
+      estimator=self.estimator,
     )
 
   def evaluate(self, split: str, *, num_batches, time_samples, seed=0):

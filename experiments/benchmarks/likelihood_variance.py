@@ -3,11 +3,12 @@
   python -m experiments.benchmarks.likelihood_variance --workdir=RUN \
     [--texts=8] [--repeats=32] [--reference=4096] [--out=FILE.json]
 
-For each of --texts rows of held-out-style text (one row of data.seq_len
-each, drawn from the run's tokenizer round trip of a fixed passage) it
-estimates the bound --repeats times with each estimator of
-`ddlm_jax.evaluation.estimators` at 16 draws, i.i.d. at 128 draws, and
-once with a --reference-draw i.i.d. estimate. Reported per estimator
+For each of --texts rows of the run's validation text (one row of
+data.seq_len each, framed as in training, spaced evenly over the split;
+`--text=passage` uses a fixed passage instead, for runs whose corpus is
+not a local text corpus) it estimates the bound --repeats times with each
+estimator of `ddlm_jax.evaluation.estimators` at 16 draws, i.i.d. at 128
+draws, and once with a --reference-draw i.i.d. estimate. Reported per estimator
 (nats per text, averaged over texts):
 
   stderr_16 / stderr_128   the spread (standard deviation over repeats) of
@@ -22,18 +23,28 @@ The conditional case (first half of the row kept, second half scored) is
 reported too, as lm-eval's loglikelihood computes it, and stratified
 times with one mask draw shared by all samples (`+shared_mask`). Spreads
 only, no timing: the figures do not depend on machine load.
+
+`--workdir` may be given once per training seed; `--json_in` adds the
+saved output of earlier runs instead of measuring again. `--record`
+writes the claims `best-16-draws-beat-iid-128` and
+`estimators-unbiased` (experiments/claims/evaluation.py) from all of
+them, one value per training seed.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 
 import jax
 import numpy as np
 
 import ddlm_jax
+from ddlm_jax.data import corpus
 from ddlm_jax.evaluation import estimators as est
+from ddlm_jax.training.config import ConfigError
 
 PASSAGE = (
   'KING: What say you, lords? Shall we go in to supper? QUEEN: My lord, '
@@ -44,11 +55,34 @@ PASSAGE = (
 )
 
 
-def rows_of(model, count: int) -> np.ndarray:
-  """`count` full rows [count, L] cut from the passage repeated."""
-  ids = np.asarray(model.tokenizer.encode(PASSAGE * 20), np.int32)
-  rows, _ = model._rows(ids)
-  return rows[:count]
+def validation_text(config) -> str:
+  """The run's validation split, for the local text corpora."""
+  data = config.data
+  if data.corpus == 'shakespeare':
+    return corpus.load_text_splits('shakespeare')['validation']
+  if data.corpus == 'text_files':
+    files = {k: v for k, v in data.files.items() if v}
+    return corpus.load_text_splits('text_files', **files)['validation']
+  raise ConfigError(
+    f'data.corpus={data.corpus!r} is not a local text corpus; give '
+    '--text=passage.'
+  )
+
+
+def rows_of(model, count: int, text: str = 'validation') -> np.ndarray:
+  """`count` full rows [count, L], spaced evenly over the text."""
+  source = validation_text(model.config) if text == 'validation' else PASSAGE
+  ids = np.asarray(model.tokenizer.encode(source), np.int32)
+  if text != 'validation':
+    ids = np.asarray(model.tokenizer.encode(source * 20), np.int32)
+  rows, masks = model._rows(ids)
+  full = np.flatnonzero(masks.min(-1) > 0)  # Rows without padding.
+  if len(full) < count:
+    raise ConfigError(
+      f'--texts={count}: the text gives {len(full)} full rows; ask for fewer.'
+    )
+  pick = full[np.linspace(0, len(full) - 1, count).round().astype(int)]
+  return rows[pick]
 
 
 def draws(
@@ -108,22 +142,23 @@ def measure(model, x, loss, keep, *, repeats, reference, estimators):
   return out
 
 
-def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--workdir', required=True)
-  parser.add_argument('--texts', type=int, default=8)
-  parser.add_argument('--repeats', type=int, default=32)
-  parser.add_argument('--reference', type=int, default=4096)
-  parser.add_argument('--out', default='')
-  args = parser.parse_args(argv)
-  model = ddlm_jax.load(args.workdir)
+def best_at_16(case: dict) -> str:
+  """The 16-draw estimator with the smallest spread in one case."""
+  return min(
+    (k for k in case if k.endswith('@16')), key=lambda k: case[k]['stderr']
+  )
+
+
+def measure_run(workdir, *, texts, repeats, reference, text, cases) -> dict:
+  """The benchmark's output (see the module docstring) for one run."""
+  model = ddlm_jax.load(workdir)
   process = model.process.evaluation_process
   if not est.supports_estimators(process):
-    raise SystemExit(
+    raise ConfigError(
       f'{type(process).__name__}: the estimators steer masked diffusion '
       'draws; give a masked-diffusion run.'
     )
-  x = rows_of(model, args.texts)
+  x = rows_of(model, texts, text)
   length = x.shape[1]
   kinds = [
     ('iid', 128, False),
@@ -137,36 +172,179 @@ def main(argv=None) -> dict:
   full = np.ones(x.shape, np.float32)
   half = np.zeros(x.shape, np.float32)
   half[:, : length // 2] = 1.0
+  masks = {'full': (full, None), 'conditional': (1.0 - half, half)}
   result = {
-    'workdir': args.workdir,
+    'workdir': workdir,
+    'seed': int(model.config.seed),
     'step': model.step,
+    'text': text,
     'seq_len': length,
     'texts': len(x),
-    'repeats': args.repeats,
-    'full': measure(
-      model,
-      x,
-      full,
-      None,
-      repeats=args.repeats,
-      reference=args.reference,
-      estimators=kinds,
-    ),
-    'conditional': measure(
-      model,
-      x,
-      1.0 - half,
-      half,
-      repeats=args.repeats,
-      reference=args.reference,
-      estimators=kinds,
-    ),
+    'repeats': repeats,
   }
+  for case in cases:
+    loss, keep = masks[case]
+    result[case] = measure(
+      model,
+      x,
+      loss,
+      keep,
+      repeats=repeats,
+      reference=reference,
+      estimators=kinds,
+    )
+  return result
+
+
+def measuring_command(results: list[dict]) -> str:
+  """The command that measures `results` again, run directories named by
+  seed (RUN_S<seed>: the quickstart trained with --config.seed)."""
+  r0 = results[0]
+  cases = ','.join(
+    c for c in ('full', 'conditional') if all(c in r for r in results)
+  )
+  return (
+    'python -m experiments.benchmarks.likelihood_variance '
+    + ' '.join(f'--workdir=RUN_S{r["seed"]}' for r in results)
+    + f' --texts={r0["texts"]} --repeats={r0["repeats"]} '
+    f'--reference={r0["full"]["reference"]["samples"]} --cases={cases} '
+    '--record (RUN_S<n>: python -m experiments.run '
+    '--config=experiments/configs/quickstart.py --workdir=RUN_S<n> '
+    '--config.seed=<n>)'
+  )
+
+
+def claim_records(results: list[dict], repo: str) -> list:
+  """The two claim records of `results` (one per training seed)."""
+  from experiments.claims import records
+
+  results = sorted(results, key=lambda r: r['seed'])
+  seeds = [r['seed'] for r in results]
+  command = measuring_command(results)
+  best = [best_at_16(r['full']) for r in results]
+  common = {
+    'source': 'python -m experiments.benchmarks.likelihood_variance',
+    'commit': records.git_commit(repo),
+    'date': datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC'),
+    'host': records.host_info(),
+    'command': command,
+    'budget': 'cpu',
+    'budget_fraction': None,
+    'seed_kind': 'training',
+    'seeds': seeds,
+  }
+  setup = (
+    f'{results[0]["texts"]} validation rows of {results[0]["seq_len"]} '
+    f'tokens, {results[0]["repeats"]} repeats per estimator, reference '
+    f'{results[0]["full"]["reference"]["samples"]} i.i.d. draws; runs at '
+    'step ' + ', '.join(str(r['step']) for r in results)
+  )
+
+  def table(fmt):
+    """'seed S, case: name value; ...' over the runs and cases."""
+    parts = []
+    for r in results:
+      for case in ('full', 'conditional'):
+        if case in r:
+          cells = ', '.join(
+            f'{k} {fmt(v)}' for k, v in r[case].items() if k != 'reference'
+          )
+          parts.append(f'seed {r["seed"]}, {case}: {cells}')
+    return '; '.join(parts)
+
+  spread = {
+    **common,
+    'claim': 'best-16-draws-beat-iid-128',
+    'arms': {
+      'best@16': {
+        'seeds': seeds,
+        'values': [r['full'][b]['stderr'] for r, b in zip(results, best)],
+      },
+      'iid@128': {
+        'seeds': seeds,
+        'values': [r['full']['iid@128']['stderr'] for r in results],
+      },
+    },
+    'notes': f'Best 16-draw estimator per seed: {", ".join(best)}. {setup}. '
+    'Draws of each that match 128 i.i.d. draws (S (its spread / the '
+    'iid@128 spread)^2): '
+    + table(lambda v: f'{v["draws_to_match_iid_128"]:.0f}')
+    + '. Standard error (spread over repeats, nats per row): '
+    + table(lambda v: f'{v["stderr"]:.3f}')
+    + '.',
+  }
+  zs = []
+  for r, b in zip(results, best):
+    row = r['full'][b]
+    zs.append(abs(row['bias']) / row['bias_stderr'])
+  bias = {
+    **common,
+    'claim': 'estimators-unbiased',
+    'arms': {'best@16': {'seeds': seeds, 'values': zs}},
+    'notes': 'Values: |mean of the repeats - reference| / its standard '
+    f'error, for the best 16-draw estimator ({", ".join(best)}; full '
+    f'bound). {setup}. Bias (nats per row) +- its standard error: '
+    + table(lambda v: f'{v["bias"]:+.3f} +- {v["bias_stderr"]:.3f}')
+    + '.',
+  }
+  return [spread, bias]
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--workdir', action='append', default=[])
+  parser.add_argument('--json_in', action='append', default=[])
+  parser.add_argument('--texts', type=int, default=8)
+  parser.add_argument('--repeats', type=int, default=32)
+  parser.add_argument('--reference', type=int, default=4096)
+  parser.add_argument(
+    '--text', choices=('validation', 'passage'), default='validation'
+  )
+  parser.add_argument('--cases', default='full,conditional')
+  parser.add_argument('--out', default='')
+  parser.add_argument(
+    '--record',
+    action='store_true',
+    help='write the claim records (experiments/claims/records)',
+  )
+  args = parser.parse_args(argv)
+  cases = [c for c in args.cases.split(',') if c]
+  bad = [c for c in cases if c not in ('full', 'conditional')]
+  if bad or 'full' not in cases:
+    raise ConfigError(
+      f'--cases={args.cases}: list full and optionally conditional.'
+    )
+  if not args.workdir and not args.json_in:
+    raise ConfigError('give --workdir=RUN (or --json_in=FILE).')
+  runs = []
+  for path in args.json_in:
+    with open(path) as f:
+      loaded = json.load(f)
+    runs.extend(loaded['runs'] if 'runs' in loaded else [loaded])
+  for workdir in args.workdir:
+    runs.append(
+      measure_run(
+        workdir,
+        texts=args.texts,
+        repeats=args.repeats,
+        reference=args.reference,
+        text=args.text,
+        cases=cases,
+      )
+    )
+  result = runs[0] if len(runs) == 1 else {'runs': runs}
   text = json.dumps(result, indent=2)
   print(text)
   if args.out:
     with open(args.out, 'w') as f:
       f.write(text + '\n')
+  if args.record:
+    from experiments.claims import records
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    stamp = datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')
+    for record in claim_records(runs, repo):
+      print(records.write(record, stamp, records.RECORDS_DIR))
   return result
 
 

@@ -14,6 +14,7 @@ from experiments.claims import (
   block,
   ddpd,
   dgemma,
+  evaluation,
   mdlm,
   pdssm,
   planning,
@@ -57,6 +58,7 @@ def _collect() -> dict[str, Claim]:
     prime,
     ddpd,
     dgemma,
+    evaluation,
   ):
     for claim in module.CLAIMS:
       if claim.id in out:

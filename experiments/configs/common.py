@@ -135,6 +135,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.final_num_batches = 0  # 0: the whole split.
   c.eval.final_time_samples = 4
   c.eval.use_ema = True
+  # How the time_samples draws of a masked bound are taken: 'iid' |
+  # 'stratified' | 'antithetic' | 'counts' (time-free networks only).
+  c.eval.estimator = 'iid'
 
   c.sample = ml_collections.ConfigDict()
   c.sample.num_samples = 4
