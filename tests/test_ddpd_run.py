@@ -45,7 +45,10 @@ def _run(workdir, *args):
 @pytest.mark.slow
 def test_smoke_trains_and_samples_with_a_denoiser_run(tmp_path):
   planner, denoiser = tmp_path / 'planner', tmp_path / 'mdlm'
-  _run(planner, '--config=experiments/configs/ddpd.py:smoke')
+  out = _run(planner, '--config=experiments/configs/ddpd.py:smoke')
+  # The planner's BCE is never printed as a likelihood bound.
+  assert 'not a likelihood bound' in out.stdout + out.stderr
+  assert 'perplexity' not in out.stdout
   saved = json.loads((planner / 'config.json').read_text())
   assert saved['process']['kind'] == 'ddpd_planner'
   records = [

@@ -8,6 +8,7 @@ probe a process with `hasattr` (a test scans the library for that):
 
   Process            what every process has: vocab sizes, `causal`,
                      `family`, `requires_time_conditioning`, `uses_step`,
+                     `loss_is_bound`,
                      `output_size`, `generate_id`,
                      `loss(apply, key, x, mask, *, step)`,
                      `evaluation_process`.
@@ -64,6 +65,10 @@ class Process(abc.ABC):
   requires_time_conditioning: ClassVar[bool] = False
   # loss() reads the global training step (Duo's curriculum).
   uses_step: ClassVar[bool] = False
+  # loss() is a bound on -log p(x) (or the exact NLL), so evaluation may
+  # call its per-token value bits/token and a perplexity bound; False for
+  # a network trained on something else (DDPD's planner: a BCE).
+  loss_is_bound: ClassVar[bool] = True
 
   vocab_size: int
 

@@ -80,6 +80,7 @@ class PlannerProcess(Process):
   causal: ClassVar[bool] = False
   family: ClassVar[str] = FAMILY
   requires_time_conditioning: ClassVar[bool] = False
+  loss_is_bound: ClassVar[bool] = False
 
   def __post_init__(self):
     if isinstance(self.vocab_size, bool) or not isinstance(

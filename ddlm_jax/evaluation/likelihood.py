@@ -185,4 +185,7 @@ def evaluate_likelihood(
       counts.append(np.asarray(mask, np.float64).sum(-1))
   if not per_seq:
     raise ValueError('evaluation received no batches.')
-  return summarize_nll(np.concatenate(per_seq), np.concatenate(counts))
+  result = summarize_nll(np.concatenate(per_seq), np.concatenate(counts))
+  # The key tells the summary lines not to print a planner's BCE as a
+  # likelihood bound.
+  return {**result, 'loss_is_bound': bool(process.loss_is_bound)}

@@ -415,11 +415,15 @@ class Run:
     )
     writer.write(result.step, 'final_validation', final)
     summary['validation'] = final
+    bound = (
+      f', perplexity {"=" if self.process.causal else "<="} '
+      f'{final["perplexity_bound"]:.3f}'
+      if self.process.loss_is_bound
+      else ' of the training loss (not a likelihood bound)'
+    )
     print(
       f'final validation: {final["bits_per_token"]:.4f} +- '
-      f'{final["bits_per_token_stderr"]:.4f} bits/token, perplexity '
-      f'{"=" if self.process.causal else "<="} '
-      f'{final["perplexity_bound"]:.3f}',
+      f'{final["bits_per_token_stderr"]:.4f} bits/token{bound}',
       flush=True,
     )
     if self.config.sample.num_samples:

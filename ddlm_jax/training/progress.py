@@ -73,6 +73,12 @@ def timed(what: str):
 
 
 def _bound(ev: dict) -> str:
+  if not ev.get('loss_is_bound', True):
+    return (
+      f'{ev["bits_per_token"]:.4f} +- {ev["bits_per_token_stderr"]:.4f} '
+      'bits/token of the training loss (not a likelihood bound; '
+      f'{ev.get("num_sequences", "?")} sequences)'
+    )
   ppl = ev.get('perplexity_bound', float('nan'))
   shown = f'{ppl:.3f}' if math.isfinite(ppl) else 'inf'
   return (
