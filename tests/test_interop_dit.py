@@ -4,8 +4,10 @@ The layout is read from MDLM's public `models/dit.py` (not a package, so
 there is no reference to import): the mapping is tested on a random state
 dict of that layout, value by value; the forward pass is compared with a
 torch transcription of the layout's arithmetic written in this file; the
-published OpenWebText checkpoint is used only when it is already in the
-local Hugging Face cache.
+run backbone 'dit' (`models.dit.DiT`) is compared with that pass on the
+same converted parameters and run through `experiments.run` and
+`experiments.convert`; the published OpenWebText checkpoint is used only
+when it is already in the local Hugging Face cache.
 """
 
 import json
@@ -371,6 +373,19 @@ def test_converted_dit_is_a_run_of_backbone_dit(tmp_path):
   assert (work / 'samples.txt').read_text().count('=== sample') == 2
   result = modes.run(config, str(work), 'eval')
   assert result['step'] == 0 and np.isfinite(result['nats_per_token'])
+
+
+def test_convert_refuses_a_tokenizer_without_room_for_the_mask(tmp_path):
+  from ddlm_jax.training.config import ConfigError
+  from experiments import convert
+
+  src = tmp_path / 'hf'
+  src.mkdir()
+  vocab = _byte_bpe(src)
+  _write_checkpoint(src, vocab=vocab)  # No extra id for the mask.
+  args = ['--from=hf', '--arch=dit', str(src), f'--to={tmp_path / "w"}']
+  with pytest.raises(ConfigError, match=f'{vocab} tokens, the DiT {vocab}'):
+    convert.main(args)
 
 
 def _cached_mdlm_owt():
