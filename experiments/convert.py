@@ -4,7 +4,7 @@
   python -m experiments.convert --from=hf --arch=llada SRC --to=WORKDIR
   # A converted directory -> safetensors + config.json transformers loads:
   python -m experiments.convert --from=workdir WORKDIR --to_hf=DIR
-  # An MDLM / Duo / BD3-LM DiT state dict -> our parameter names (.npz):
+  # An MDLM / Duo / BD3-LM DiT checkpoint -> a run of backbone 'dit':
   python -m experiments.convert --from=hf --arch=dit SRC --to=WORKDIR
 
 SRC is a local folder (config.json, *.safetensors or a sharded index,
@@ -97,8 +97,9 @@ def main(argv=None) -> int:
   if args.arch == 'dit':
     from ddlm_jax.interop import dit
 
-    n = dit.convert_dir(args.src, args.to)
-    print(f'wrote {n} DiT parameters to {args.to}/{dit.PARAMS_FILE}')
+    cfg = dit.convert_dir(args.src, args.to, run_config(args.to, args.seq_len))
+    print(f"converted a DiT ({cfg['depth']} blocks, width {cfg['width']}) "
+          f'into {args.to}')  # fmt: skip
     return 0
   over = {}
   if args.mask_token_id is not None:

@@ -26,7 +26,10 @@ norm and a biased head, and a time MLP of width 256 -> C on sigma. The
 attention (fused (3, H, K) projection, rotate-half rotary with base 1e4 on
 head features, bidirectional) is ours, so `attn_qkv` / `attn_out` map onto
 our `SelfAttention` parameter shapes unchanged. `dit_logits` is the
-forward pass of that layout over our parameter names.
+forward pass of that layout over our parameter names, written as plain
+functions; `models.dit.DiT` is the same layout as a run backbone ('dit'),
+whose parameter paths are these, and `convert_dir` writes a run directory
+of it.
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ from ddlm_jax.interop import safetensors_io
 from ddlm_jax.models.attention import attend, rotary
 from ddlm_jax.training.config import ConfigError
 
-PARAMS_FILE = 'dit_params.npz'
 FREQ_DIM = 256  # Sinusoidal features the time MLP reads.
 _PREFIXES = ('backbone.', 'model.backbone.', 'module.')
 
@@ -189,21 +191,96 @@ def load_dir(src: str) -> tuple[dict, dict[tuple, np.ndarray]]:
   return cfg, from_state_dict(state, cfg['num_heads'])
 
 
-def _key(path: tuple) -> str:
-  return '/'.join(map(str, path))
+def as_tree(params: Mapping[tuple, np.ndarray]) -> dict:
+  """{our path: array} as the nested parameter dict of `models.dit.DiT`
+  (`nnx.to_pure_dict` layout: list entries keyed by int)."""
+  tree: dict = {}
+  for path, value in params.items():
+    node = tree
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = value
+  return tree
 
 
-def convert_dir(src: str, out_dir: str) -> int:
-  """Writes out_dir/dit_params.npz (our paths, '/'-joined) + config.json."""
+def run_params(params: Mapping[tuple, np.ndarray]) -> dict:
+  """The converted parameters as a run's `dit` backbone holds them.
+
+  The layout's last id is its mask (MDLM appends it to the tokenizer), so
+  a run's masked process (data vocabulary V - 1, mask id V - 1) embeds V
+  ids and emits V - 1 logits: the head's mask column is dropped. Under
+  MDLM's SUBS parameterisation that logit is -inf, so the distribution
+  over the data tokens is unchanged.
+  """
+  out = dict(params)
+  out[('head', 'kernel')] = params[('head', 'kernel')][:, :-1]
+  out[('head', 'bias')] = params[('head', 'bias')][:-1]
+  return as_tree(out)
+
+
+def model_block(cfg: Mapping) -> dict:
+  """The run config's `model` block of a converted DiT."""
+  keys = ('width', 'depth', 'num_heads', 'cond_dim', 'time_conditioning')
+  return {'backbone': 'dit', **{k: cfg[k] for k in keys}}
+
+
+def convert_dir(src: str, out_dir: str, run_config: Mapping) -> dict:
+  """Writes a run directory at step 0 from a local DiT checkpoint.
+
+  Like `interop.workdir.convert_hf`: `config.json` is `run_config` with
+  the model block `{'backbone': 'dit', ...}`, `checkpoints/0` the
+  parameters (`run_params`), `tokenizer/` the tokenizer files found in
+  src, `imported.json` the source. So `--mode=eval|sample` (with
+  `--config=experiments/configs/imported.py:DIR`) load it like any run.
+  Returns the DiT's shape (`config_from_hf`).
+  """
+  from ddlm_jax import paths
+  from ddlm_jax.data import pretrained
+  from ddlm_jax.interop import workdir as workdir_lib
+  from ddlm_jax.training import state as state_lib
+  from ddlm_jax.training.checkpoint import Checkpointer
+
+  ckpt_dir = paths.join(out_dir, workdir_lib.CHECKPOINTS_DIR)
+  if paths.exists(ckpt_dir):
+    raise FileExistsError(
+      f'{ckpt_dir} exists; convert into an empty directory.'
+    )
   cfg, params = load_dir(src)
-  os.makedirs(out_dir, exist_ok=True)
-  np.savez(
-    os.path.join(out_dir, PARAMS_FILE),
-    **{_key(p): v for p, v in params.items()},
+  paths.makedirs(out_dir)
+  tok_dir = paths.join(out_dir, workdir_lib.TOKENIZER_DIR)
+  tok = workdir_lib.copy_tokenizer(src, tok_dir)
+  if 'tokenizer.json' in tok:
+    tokenizer = pretrained.load_hf_tokenizer(tok_dir)
+    if tokenizer.vocab_size != cfg['vocab_size'] - 1:
+      raise ConfigError(
+        f'the tokenizer has {tokenizer.vocab_size} tokens, the DiT '
+        f'{cfg["vocab_size"]} ids; the layout needs the tokenizer plus one '
+        'mask id (give the tokenizer the checkpoint was trained with).'
+      )
+    tokenizer.save(tok_dir)  # The suite's own file, what a run's data reads.
+  tree = jax.tree.map(jnp.asarray, run_params(params))
+  ckpt = Checkpointer(ckpt_dir)
+  try:
+    # Parameters only: a run restoring it starts its optimizer fresh.
+    state = state_lib.TrainState(
+      step=jnp.zeros((), jnp.int32), params=tree, opt_state={},
+      ema_params=None, rng=jax.random.key(0),
+      bad_step=jnp.full((), -1, jnp.int32),
+    )  # fmt: skip
+    ckpt.save(0, state, None, force=True)
+    ckpt.wait()
+  finally:
+    ckpt.close()
+  config = {**run_config, 'model': model_block(cfg)}
+  paths.write_text(
+    paths.join(out_dir, 'config.json'), json.dumps(config, indent=2)
   )
-  with open(os.path.join(out_dir, 'config.json'), 'w') as f:
-    json.dump({'kind': 'imported', 'model': {'backbone': 'dit', **cfg}}, f)
-  return len(params)
+  source = dict(format='hf', arch='dit', param_dtype='float32',
+                tokenizer_files=tok)  # fmt: skip
+  paths.write_text(
+    paths.join(out_dir, workdir_lib.SOURCE_FILE), json.dumps(source, indent=2)
+  )
+  return cfg
 
 
 # ------------------------------------------------------------------ forward

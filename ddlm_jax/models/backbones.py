@@ -24,6 +24,7 @@ from typing import Any
 PROVIDERS = (
   'ddlm_jax.interop.llama_family',
   'ddlm_jax.models.dgemma_backbone',
+  'ddlm_jax.models.dit',
 )
 
 
