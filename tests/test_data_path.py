@@ -126,6 +126,7 @@ def test_source_registry_takes_typed_settings_only():
   assert set(source_registry.BUILDERS) == {
     *source_registry.TEXT_CORPORA,
     *source_registry.CORPORA,
+    *source_registry.PAIR_SETS,
   }
 
 

@@ -264,24 +264,27 @@ def test_backbone_gradients_are_finite_and_reach_every_parameter():
 
 
 def test_run_config_refuses_what_the_dit_cannot_run():
-  import types
-
   from ddlm_jax.models.backbones import get_backbone
+  from ddlm_jax.training import builders
   from ddlm_jax.training.config import ConfigError
+  from experiments.configs import common
+
+  def process(kind):
+    c = common.base_config()
+    common.set_process(c, kind)
+    return builders.make_process(builders.process_settings(c.process), 9)
 
   spec = get_backbone('dit')
-  ok = types.SimpleNamespace(
-    causal=False, block_size=0, output_size=9, input_vocab_size=10
-  )
+  ok = process('mdlm')  # 9 tokens out, 10 in (the mask id).
   mcfg = spec.config({'backbone': 'dit', 'width': 32, 'mlp_kind': 'swiglu'},
                      ok)  # fmt: skip
   assert (mcfg.vocab_size, mcfg.input_vocab_size, mcfg.width) == (9, 10, 32)
   with pytest.raises(ConfigError, match="does not take: \\['head_bias'\\]"):
     spec.config({'backbone': 'dit', 'head_bias': True}, ok)
   with pytest.raises(ConfigError, match='autoregressive'):
-    spec.config({}, types.SimpleNamespace(**{**vars(ok), 'causal': True}))
+    spec.config({}, process('ar'))
   with pytest.raises(ConfigError, match='block-diffusion'):
-    spec.config({}, types.SimpleNamespace(**{**vars(ok), 'block_size': 4}))
+    spec.config({}, process('bd3'))
   with pytest.raises(ConfigError, match='even head size'):
     spec.config({'width': 36, 'num_heads': 4}, ok)
   with pytest.raises(ConfigError, match='time_input'):

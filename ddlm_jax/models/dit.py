@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ddlm_jax.diffusion.base import BlockProcess
 from ddlm_jax.errors import ConfigError
 from ddlm_jax.models.attention import ATTENTION_IMPLS, SelfAttention
 from ddlm_jax.models.backbones import register_backbone
@@ -287,12 +288,12 @@ def run_model_config(model: Mapping[str, Any], process) -> DiTConfig:
       f'config.model has keys the {NAME} backbone does not take: {unknown};'
       f' it takes {sorted(MODEL_KEYS)}.'
     )
-  if getattr(process, 'causal', False):
+  if process.causal:
     raise ConfigError(
       f"model.backbone='{NAME}' is bidirectional; an autoregressive process "
       "needs model.backbone='transformer'."
     )
-  if getattr(process, 'block_size', 0):
+  if isinstance(process, BlockProcess):
     raise ConfigError(
       f"model.backbone='{NAME}' runs plain passes only; a block-diffusion "
       "process needs model.backbone='transformer'."
