@@ -20,6 +20,12 @@ train 'acc' stays the last-token accuracy either way, so tables compare;
 ``model.magnitude_init`` ('' / 0 = the mixer's default) reach the SSM
 mixers through ``classifier_config``.
 
+Group diagnostic: for a PD-SSM ('pdssm', 'pdssm_paper') on a group task,
+every validation record also carries ``bijective_frac``,
+``homomorphism_frac`` and ``orbit_size`` of the first layer's hardened
+token maps (``ddlm_jax.evaluation.group_maps``), so a run that is building
+a permutation representation can be told from one that is not.
+
 Model selection: the task's after-eval hook keeps the parameters with the
 best validation accuracy in state.extra (validation uses the test lengths
 on a separate stream), and the summary reports test accuracy of those
@@ -42,6 +48,7 @@ import optax
 from flax import nnx
 
 from ddlm_jax.data import state_tracking as st
+from ddlm_jax.evaluation import group_maps
 from ddlm_jax.models import sequence_classifier as sc
 from ddlm_jax.models import ssm
 from ddlm_jax.training import config as config_lib
@@ -390,6 +397,58 @@ def _init_extra(params):
   }
 
 
+def first_mixer(model: sc.SequenceClassifier, x_BxLxD: jax.Array):
+  """(first block's mixer, what it sees for the block input x)."""
+  block = model.blocks[0]
+  if hasattr(block, 'norm1'):  # Pre-norm residual block (ssm.SSMBlock).
+    return block.mixer, block.norm1(x_BxLxD)
+  return block.mixer, x_BxLxD  # ssm.PostNormBlock: the raw input.
+
+
+def token_maps(model: sc.SequenceClassifier) -> np.ndarray:
+  """maps_TxN: the first PD-SSM layer's column argmax for every real token.
+
+  With no position embedding the first layer's input at a token is a
+  function of the token alone, so each token has one hardened map.
+  """
+  vocab = model.config.vocab_size
+  mixer, u = first_mixer(model, model.embed(jnp.arange(1, vocab)[None, :]))
+  return np.asarray(mixer.transition_indices(u))[0]
+
+
+def group_diagnostic(config):
+  """(params -> {'bijective_frac', 'homomorphism_frac', 'orbit_size'}) of a
+  PD-SSM run on a group task, or None for any other run.
+
+  The orbit starts at e_0 for h_0 = e_0 and at every state for h_0 = 0
+  (the input then writes into all of them); see ``group_maps``.
+  """
+  group = st.task_spec(config.task.name).group
+  if group is None or config.model.mixer not in ('pdssm', 'pdssm_paper'):
+    return None
+  ccfg = classifier_config(config)
+  graphdef, _, _ = programs(ccfg, bool(config.train.fast_compile))
+  gens = st.group_generators(
+    group, config.task.num_generators or None, config.task.generator_seed
+  )
+  table = st.group_table(group)
+  every_element = len(gens) == len(table)
+
+  def diagnose(params) -> dict:
+    model = nnx.merge(graphdef, params)
+    maps = token_maps(model)
+    mixer, _ = first_mixer(model, model.embed(jnp.zeros((1, 1), jnp.int32)))
+    n = maps.shape[1]
+    start = (0,) if mixer.initial_state == 'onehot' else tuple(range(n))
+    if every_element:
+      return group_maps.group_map_scores(maps, table, start)
+    return group_maps.generator_map_scores(
+      maps, gens, table, st.group_identity(group), start
+    )
+
+  return diagnose
+
+
 def state_tracking_task(config, *, eval_hook=None) -> Task:
   """One (model, task, seed) run of the benchmark as a loop task.
 
@@ -405,8 +464,12 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
   val = _eval_split(config, 'validation', config.task.num_validation, seed)
   batch = config.eval.batch_size
 
+  diagnose = group_diagnostic(config)
+
   def validate(params, step):
     res = evaluate(eval_step, params, val, batch)
+    if diagnose is not None:
+      res.update(diagnose(params))
     if eval_hook is not None:
       res.update(eval_hook(params, step))
     return res
