@@ -73,6 +73,35 @@ INITIAL_STATES = ('zeros', 'onehot')
 # readout C with the std of a torch Linear(2N, D) (1 / sqrt(6N)) and a bias.
 INITS = ('default', 'authors')
 COMBINES = ('sum', 'concat')
+# PD-SSM dictionary inits: 'random' (dense N(0, 1/N) entries: the column
+# argmax of a mixture starts as a random function, whose image is ~63% of
+# the states), or 'permutation' (see ``permutation_dictionary``: the
+# argmax of EVERY mixture starts as a bijection).
+DICT_INITS = ('random', 'permutation')
+
+
+def permutation_dictionary(key: jax.Array, num_dict: int, n: int) -> jax.Array:
+  """K one-hot permutation matrices whose columns never share a row.
+
+  M_k[:, j] = e_{p_k[j]} with p_k[j] = sigma[(tau[j] + k) mod N] for random
+  permutations sigma and tau, so in every column j the K entries sit in K
+  distinct rows. A mixture sum_k s_k M_k with s on the simplex then has, in
+  every column, its maximum in the row of the same k* = argmax_k s_k: its
+  column argmax IS the permutation p_{k*}, whatever the selector says, and
+  each token of a PD-SSM starts as a random bijection of the states (maps
+  that differ by a random relabelling, so together they generate a large,
+  non-abelian permutation group). Needs K <= N.
+  """
+  if not 1 <= num_dict <= n:
+    raise ValueError(
+      f"dict_init='permutation' needs 1 <= num_dict <= state_size, got "
+      f'num_dict={num_dict}, state_size={n}; lower num_dict.'
+    )
+  k_sigma, k_tau = jax.random.split(key)
+  sigma = jax.random.permutation(k_sigma, n)
+  tau = jax.random.permutation(k_tau, n)
+  p_KxN = sigma[(tau[None, :] + jnp.arange(num_dict)[:, None]) % n]
+  return jax.nn.one_hot(p_KxN, n, axis=-2)
 
 
 # ----------------------------------------------------------------------------
@@ -210,9 +239,14 @@ class SSMMixer(nnx.Module):
     initial_state: str = 'zeros',
     init: str = 'default',
     magnitude_init: float | None = None,
+    dict_init: str = 'random',
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
+    if dict_init not in DICT_INITS:
+      raise ValueError(
+        f'dict_init must be one of {DICT_INITS}, got {dict_init!r}.'
+      )
     if init not in INITS:
       raise ValueError(f'init must be one of {INITS}, got {init!r}.')
     if magnitude_init is not None and not 0.0 < magnitude_init < 1.0:
@@ -269,6 +303,10 @@ class SSMMixer(nnx.Module):
           D, num_dict, ('embed', 'dict'), rngs=rngs, **pd
         )
       self.dictionary = normal(N, (num_dict, N, N), ('dict', 'state', None))
+      if dict_init == 'permutation':
+        self.dictionary[...] = permutation_dictionary(
+          rngs.params(), num_dict, N
+        ).astype(param_dtype)
     if mode in ('pdssm', 'complex_diag'):
       self.mag_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)
       self.phase_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)

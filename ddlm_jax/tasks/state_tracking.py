@@ -73,6 +73,8 @@ ALL_TASKS = {**st.TASKS, **st.GROUP_TASKS}
 _SSM_MIXERS = (*ssm.MODES, 'pdssm_paper')
 # Mixers whose transition has a learned magnitude |D| (magnitude_init).
 _MAGNITUDE_MIXERS = ('pdssm', 'complex_diag', 'pdssm_paper')
+# Mixers with a PD-SSM dictionary (model.dict_init, model.relax).
+_PDSSM_MIXERS = ('pdssm', 'pdssm_paper')
 
 
 def loss_on(config) -> str:
@@ -93,7 +95,7 @@ def loss_on(config) -> str:
 
 
 def _model_options(m) -> dict:
-  """Checked SSMMixer options model.init / model.magnitude_init as kwargs.
+  """Checked SSMMixer options (model.init, magnitude_init, dict_init).
 
   '' / 0 leave the mixer's own default (for 'pdssm_paper': the authors'
   init), so configs saved without the keys build the same model.
@@ -123,9 +125,27 @@ def _model_options(m) -> dict:
       f'{_MAGNITUDE_MIXERS} (a learned |D|), not model.mixer={m.mixer!r}; '
       'set model.magnitude_init=0.'
     )
+  dict_init = m.get('dict_init', '')
+  if dict_init and dict_init not in ssm.DICT_INITS:
+    raise ConfigError(
+      f"model.dict_init={dict_init!r}: choose '' (the default) or one of "
+      f'{ssm.DICT_INITS}.'
+    )
+  if dict_init and m.mixer not in _PDSSM_MIXERS:
+    raise ConfigError(
+      f'model.dict_init={dict_init!r} applies to the PD-SSM mixers '
+      f"{_PDSSM_MIXERS}, not model.mixer={m.mixer!r}; set model.dict_init=''."
+    )
+  if dict_init == 'permutation' and m.num_dict > m.state_size:
+    raise ConfigError(
+      f"model.dict_init='permutation' needs model.num_dict <= "
+      f'model.state_size, got {m.num_dict} > {m.state_size}; lower num_dict.'
+    )
   out = {}
   if init:
     out['init'] = init
+  if dict_init:
+    out['dict_init'] = dict_init
   if mag:
     out['magnitude_init'] = float(mag)
   return out
@@ -424,7 +444,7 @@ def group_diagnostic(config):
   (the input then writes into all of them); see ``group_maps``.
   """
   group = st.task_spec(config.task.name).group
-  if group is None or config.model.mixer not in ('pdssm', 'pdssm_paper'):
+  if group is None or config.model.mixer not in _PDSSM_MIXERS:
     return None
   ccfg = classifier_config(config)
   graphdef, _, _ = programs(ccfg, bool(config.train.fast_compile))

@@ -174,6 +174,9 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   # initial |D_t| in (0, 1) (pdssm, complex_diag, pdssm_paper).
   c.model.init = ''
   c.model.magnitude_init = 0.0
+  # PD-SSM dictionary init ('' = random): 'permutation' starts every token's
+  # hardened P as a bijection (ssm.permutation_dictionary).
+  c.model.dict_init = ''
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-3
