@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,3 +83,39 @@ def test_default_dictionary_is_unchanged():
   b = ssm.SSMMixer(16, 8, dict_init='random', rngs=nnx.Rngs(0))
   np.testing.assert_array_equal(a.dictionary[...], b.dictionary[...])
   assert jnp.abs(a.dictionary[...]).sum() > 0
+
+
+def test_length_curriculum_grows_the_words_and_resumes_exactly():
+  from ddlm_jax.data import state_tracking as st
+
+  kw = dict(seed=3, ramp_steps=10, min_len=3, max_len=40)
+  batches = list(itertools.islice(st.curriculum_batches('s3', 32, **kw), 12))
+  longest = [int(b['lengths'].max()) for b in batches]
+  assert longest[0] == 3 and max(longest[:5]) <= 3 + (37 * 4) // 10
+  assert longest[-1] > 30  # Full range once the ramp is over.
+  assert all(b['tokens'].shape == (32, 40) for b in batches)  # One shape.
+  # Labels are the products of the words (checked by the group table).
+  table = st.group_table('S3')
+  for b in batches[:3]:
+    for toks, n, label in zip(b['tokens'], b['lengths'], b['labels']):
+      state = 0
+      for t in toks[:n]:
+        state = table[state, t - 1]
+      assert state == label
+  # A resumed stream starts at its step with the same batches.
+  again = next(st.curriculum_batches('s3', 32, start=7, **kw))
+  np.testing.assert_array_equal(again['tokens'], batches[7]['tokens'])
+  assert st.curriculum_max_len(5, 3, 40, 0) == 40
+
+
+def test_curriculum_reaches_the_task_stream_and_is_checked():
+  c = cfgs.get_config('pdssm,s3,smoke')
+  c.task.curriculum_steps = 100
+  lo, hi = c.task.train_lengths
+  first = next(st_task._train_batches(c, 0, 0))
+  assert int(first['lengths'].max()) == lo
+  late = next(st_task._train_batches(c, 0, 100))
+  assert first['tokens'].shape == late['tokens'].shape == (16, hi)
+  c.task.curriculum_steps = -1
+  with pytest.raises(ConfigError, match='curriculum_steps'):
+    st_task.state_tracking_task(c)

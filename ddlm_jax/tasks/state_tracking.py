@@ -185,6 +185,29 @@ def classifier_config(config) -> sc.ClassifierConfig:
   )
 
 
+def _train_batches(config, seed: int, start: int):
+  """The train batches from step ``start`` on (a length curriculum starts
+  there directly; the other streams replay to it)."""
+  ramp = int(config.task.get('curriculum_steps', 0))
+  if ramp <= 0:
+    return itertools.islice(_train_stream(config, seed), start, None)
+  t = config.task
+  kw = _task_kwargs(config)
+  if loss_on(config) == 'prefix':
+    kw['prefix_labels'] = True
+  lo, hi = t.train_lengths
+  return st.curriculum_batches(
+    t.name,
+    config.train.batch_size,
+    seed=seed,
+    ramp_steps=ramp,
+    start=start,
+    min_len=lo,
+    max_len=hi,
+    **kw,
+  )
+
+
 def _train_stream(config, seed: int):
   """Endless train batches: fresh samples, or epochs over a fixed set."""
   t = config.task
@@ -241,6 +264,17 @@ def _check_config(config) -> None:
     raise ValueError('task.num_validation and task.num_test must be >= 1.')
   loss_on(config)
   _model_options(config.model)
+  ramp = t.get('curriculum_steps', 0)
+  if isinstance(ramp, bool) or not isinstance(ramp, int) or ramp < 0:
+    raise ConfigError(
+      f'task.curriculum_steps={ramp!r}: must be an integer >= 0 (0: no '
+      'length curriculum).'
+    )
+  if ramp and t.num_train > 0:
+    raise ConfigError(
+      'task.curriculum_steps needs fresh samples every step; set '
+      'task.num_train=0 (or task.curriculum_steps=0).'
+    )
 
 
 def _loss_fn(graphdef, on: str):
@@ -497,9 +531,7 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
   return Task(
     init=init,
     loss=_loss_fn(graphdef, on),
-    batches=lambda start: itertools.islice(
-      _train_stream(config, seed), start, None
-    ),
+    batches=lambda start: _train_batches(config, seed, start),
     evaluate=validate,
     after_eval=_keep_best(float(tr.get('early_stop_accuracy', 0.0))),
     init_extra=_init_extra,

@@ -155,6 +155,9 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   c.task.train_lengths = (3, 40)
   c.task.eval_lengths = (40, 256)  # Validation and test.
   c.task.num_train = 0  # 0: fresh samples every step; > 0: a fixed set.
+  # Length curriculum (0: off): the longest training word grows linearly
+  # from train_lengths[0] to train_lengths[1] over this many steps.
+  c.task.curriculum_steps = 0
   c.task.num_validation = 1024
   c.task.num_test = 4096
 
