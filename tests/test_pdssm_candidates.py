@@ -119,3 +119,95 @@ def test_curriculum_reaches_the_task_stream_and_is_checked():
   c.task.curriculum_steps = -1
   with pytest.raises(ConfigError, match='curriculum_steps'):
     st_task.state_tracking_task(c)
+
+
+def test_sinkhorn_is_doubly_stochastic_and_tends_to_the_assignment():
+  from ddlm_jax.models.hardmax import sinkhorn
+
+  m_BxNxN = jax.random.normal(jax.random.key(0), (5, 6, 6))
+  p = np.asarray(sinkhorn(m_BxNxN, 1.0, num_iters=50))
+  np.testing.assert_allclose(p.sum(-2), 1, atol=1e-5)
+  np.testing.assert_allclose(p.sum(-1), 1, atol=1e-4)
+  assert (p > 0).all()
+  # Cold: the permutation maximising sum_j m[p[j], j], by brute force,
+  # on matrices whose best assignment is clear (a planted permutation
+  # whose column argmax collides with noise elsewhere).
+  planted = jax.nn.one_hot(jnp.array([3, 0, 5, 1, 2, 4]), 6, axis=-2)
+  m_BxNxN = 0.5 * m_BxNxN + 2.0 * planted
+  cold = np.asarray(sinkhorn(m_BxNxN, 0.05, num_iters=200))
+  m = np.asarray(m_BxNxN)
+  for b in range(5):
+    best = max(
+      itertools.permutations(range(6)),
+      key=lambda q: sum(m[b, q[j], j] for j in range(6)),
+    )
+    np.testing.assert_array_equal(cold[b].argmax(-2), best)
+    assert cold[b].max(-2).min() > 0.9
+
+
+def test_relaxed_forward_is_dense_and_cold_limit_is_the_hardmax_layer():
+  mixer = ssm.SSMMixer(
+    16, 8, num_dict=4, dict_init='permutation', rngs=nnx.Rngs(0)
+  )
+  u_BxLxD = jax.random.normal(jax.random.key(1), (2, 12, 16))
+  mask_BxL = jnp.arange(12)[None] < jnp.array([[12], [7]])
+  hard = mixer(u_BxLxD, mask_BxL)
+  mixer.relax_temperature = 1.0
+  warm = mixer(u_BxLxD, mask_BxL)
+  assert float(jnp.abs(warm - hard).max()) > 0.1  # Really relaxed.
+  # Every mixture's argmax is a permutation here, so the cold Sinkhorn
+  # is that permutation and the relaxed layer is the hardmax layer.
+  mixer.relax_temperature = 1e-3
+  cold = mixer(u_BxLxD, mask_BxL)
+  np.testing.assert_allclose(cold, hard, atol=3e-2)
+
+  mixer.relax_temperature = None
+  graphdef, params = nnx.split(mixer)
+
+  def loss(tau):
+    m = nnx.merge(graphdef, params)  # As the training step does.
+    m.relax_temperature = tau
+    return m(u_BxLxD, mask_BxL).sum()
+
+  # A traced temperature works (the training step passes one).
+  assert np.isfinite(float(jax.jit(loss)(jnp.float32(0.5))))
+
+
+def test_relax_schedule_and_checks():
+  c = cfgs.get_config('pdssm,s3,smoke')
+  c.model.relax = 'sinkhorn'
+  c.train.num_steps = 100
+  c.model.relax_anneal_fraction = 0.5
+  assert st_task.relax_temperature(c, 0) == pytest.approx(1.0)
+  assert st_task.relax_temperature(c, 25) == pytest.approx(0.05**0.5)
+  assert st_task.relax_temperature(c, 90) == pytest.approx(0.05)
+  b = next(st_task._train_batches(c, 0, 25))
+  np.testing.assert_allclose(b['relax_tau'], 0.05**0.5, rtol=1e-6)
+  c.model.relax = 'gumbel'
+  with pytest.raises(ConfigError, match='model.relax'):
+    st_task.state_tracking_task(c)
+  c.model.relax = 'sinkhorn'
+  c.model.relax_temperature = (0.1, 1.0)
+  with pytest.raises(ConfigError, match='T1 <= T0'):
+    st_task.state_tracking_task(c)
+
+
+@pytest.mark.slow
+def test_every_candidate_trains_through_the_loop(tmp_path):
+  from ddlm_jax.training import metrics
+
+  c = cfgs.get_config('pdssm,s3,smoke')
+  c.model.num_layers = 1
+  c.model.d_model = c.model.state_size = 8
+  c.model.scan_impl = 'reference'
+  c.model.dict_init = 'permutation'
+  c.model.magnitude_init = 0.95
+  c.model.relax = 'sinkhorn'
+  c.task.curriculum_steps = 3
+  out = str(tmp_path / 'run')
+  summary = st_task.train_state_tracking(c, out)
+  assert summary['status'] == 'ok' and summary['steps'] == 4
+  recs = metrics.read_metrics(out)
+  assert all(np.isfinite(r['loss']) for r in recs if r['split'] == 'train')
+  val = [r for r in recs if r['split'] == 'validation']
+  assert val and all('homomorphism_frac' in r for r in val)

@@ -58,7 +58,7 @@ from flax import nnx
 
 import pallas_kernels
 from ddlm_jax.models import layers
-from ddlm_jax.models.hardmax import column_argmax, column_softmax
+from ddlm_jax.models.hardmax import column_argmax, column_softmax, sinkhorn
 from ddlm_jax.models.layers import axes_meta, lecun_dense, param
 
 MODES = ('pdssm', 'complex_diag', 'selective_diag')
@@ -123,6 +123,34 @@ def _shift_prev(
   if reverse:
     return jnp.concatenate([h_BxLxN[:, 1:], h0_BxN[:, None]], axis=1)
   return jnp.concatenate([h0_BxN[:, None], h_BxLxN[:, :-1]], axis=1)
+
+
+def dense_scan(
+  a_BxLxNxN: jax.Array,
+  b_BxLxN: jax.Array,
+  h0_BxN: jax.Array,
+  reverse: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+  """h_t = A_t h_{t-1} + b_t with dense A_t (the relaxed PD-SSM forward).
+
+  O(N^2) per step instead of the one-hot scan's O(N); only the training
+  forward of a relaxed PD-SSM uses it. Returns (h_BxLxN, h_last_BxN).
+  """
+
+  def step(h_BxN, ab):
+    a_BxNxN, b_BxN = ab
+    h_BxN = jnp.einsum('bij,bj->bi', a_BxNxN, h_BxN) + b_BxN
+    return h_BxN, h_BxN
+
+  dtype = jnp.result_type(a_BxLxNxN, b_BxLxN, h0_BxN)
+  xs = (
+    jnp.moveaxis(a_BxLxNxN, 1, 0).astype(dtype),
+    jnp.moveaxis(b_BxLxN, 1, 0).astype(dtype),
+  )
+  h_last, h_LxBxN = jax.lax.scan(
+    step, h0_BxN.astype(dtype), xs, reverse=reverse
+  )
+  return jnp.moveaxis(h_LxBxN, 0, 1), h_last
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -222,6 +250,13 @@ class SSMMixer(nnx.Module):
     reverse: scan from the end of the sequence.
     scan_impl: passed to pallas_kernels ('auto' | 'reference' | 'xla' |
       'pallas' | 'interpret'); may be reassigned after construction.
+    relax_temperature: None (the paper's layer: hardmax forward,
+      straight-through gradient), or a temperature T > 0 (a float or a
+      traced scalar, set on the module for a training step): the forward
+      then runs the dense relaxed P_t = sinkhorn(M_t, T) and its exact
+      gradient. Annealing T towards 0 trains the maps towards bijections;
+      evaluation leaves it None, so the model evaluated is the paper's.
+    sinkhorn_iters: Sinkhorn iterations of the relaxed forward.
   """
 
   def __init__(
@@ -283,6 +318,8 @@ class SSMMixer(nnx.Module):
     self.max_magnitude = float(max_magnitude)
     self.initial_state = initial_state
     self.init = init
+    self.relax_temperature = None
+    self.sinkhorn_iters = 20
     pd = dict(param_dtype=param_dtype)
     authors = init == 'authors'
     # normal(fan**-0.5) parameters, drawn in the order written here.
@@ -356,11 +393,14 @@ class SSMMixer(nnx.Module):
     phase = 2 * jnp.pi * jax.nn.sigmoid(self.phase_mlp(u_BxLxD))
     return jax.lax.complex(mag * jnp.cos(phase), mag * jnp.sin(phase))
 
-  def relaxed_transition(self, u_BxLxD: jax.Array) -> jax.Array:
-    """Column softmax of M_t = sum_k softmax(S u_t)_k M_k, [B, L, N, N]."""
+  def mixture(self, u_BxLxD: jax.Array) -> jax.Array:
+    """M_t = sum_k softmax(S u_t)_k M_k, [B, L, N, N]."""
     s_BxLxK = jax.nn.softmax(self.select(u_BxLxD), axis=-1)
-    m = jnp.einsum('blk,kij->blij', s_BxLxK, self.dictionary[...])
-    return column_softmax(m, self.st_temperature)
+    return jnp.einsum('blk,kij->blij', s_BxLxK, self.dictionary[...])
+
+  def relaxed_transition(self, u_BxLxD: jax.Array) -> jax.Array:
+    """Column softmax of M_t (the straight-through surrogate)."""
+    return column_softmax(self.mixture(u_BxLxD), self.st_temperature)
 
   def transition_indices(self, u_BxLxD: jax.Array) -> jax.Array:
     """p_idx_BxLxN of the hardened P_t (pdssm only)."""
@@ -407,10 +447,18 @@ class SSMMixer(nnx.Module):
       return pallas_kernels.linear_scan(
         d, b, h0_BxN=h0_BxN, reverse=self.reverse, impl=self.scan_impl
       )
-    soft = self.relaxed_transition(u_BxLxD)
+    if self.relax_temperature is not None:
+      soft = sinkhorn(
+        self.mixture(u_BxLxD), self.relax_temperature, self.sinkhorn_iters
+      )
+    else:
+      soft = self.relaxed_transition(u_BxLxD)
     if mask_BxL is not None:
       eye = jnp.eye(N, dtype=soft.dtype)
       soft = jnp.where(keep[..., None], soft, eye)
+    if self.relax_temperature is not None:
+      # A_t = P_t D_t: column j of the relaxed P_t scaled by d_t[j].
+      return dense_scan(soft * d[..., None, :], b, h0_BxN, self.reverse)
     return pd_scan_st(soft, d, b, h0_BxN, self.reverse, self.scan_impl)
 
   def readout(self, h_BxLxN: jax.Array, u_BxLxD: jax.Array) -> jax.Array:

@@ -185,9 +185,63 @@ def classifier_config(config) -> sc.ClassifierConfig:
   )
 
 
+RELAXATIONS = ('sinkhorn',)
+
+
+def relax_temperature(config, step: int) -> float:
+  """Sinkhorn temperature at ``step``: geometric from T0 to T1 over the
+  first ``relax_anneal_fraction`` of training, then T1."""
+  m = config.model
+  t0, t1 = (float(v) for v in m.relax_temperature)
+  span = max(1.0, m.relax_anneal_fraction * config.train.num_steps)
+  return t0 * (t1 / t0) ** min(1.0, step / span)
+
+
+def _check_relax(m) -> str:
+  """model.relax ('' or 'sinkhorn') and its schedule, checked."""
+  relax = m.get('relax', '')
+  if not relax:
+    return ''
+  if relax not in RELAXATIONS:
+    raise ConfigError(
+      f"model.relax={relax!r}: choose '' (off) or one of {RELAXATIONS}."
+    )
+  if m.mixer not in _PDSSM_MIXERS:
+    raise ConfigError(
+      f'model.relax={relax!r} applies to the PD-SSM mixers {_PDSSM_MIXERS}, '
+      f"not model.mixer={m.mixer!r}; set model.relax=''."
+    )
+  temps = tuple(m.relax_temperature)
+  if len(temps) != 2 or not 0 < temps[1] <= temps[0]:
+    raise ConfigError(
+      f'model.relax_temperature={temps!r}: need (T0, T1) with 0 < T1 <= T0.'
+    )
+  if not 0 < m.relax_anneal_fraction <= 1:
+    raise ConfigError(
+      f'model.relax_anneal_fraction={m.relax_anneal_fraction!r}: must be in '
+      '(0, 1].'
+    )
+  return relax
+
+
 def _train_batches(config, seed: int, start: int):
   """The train batches from step ``start`` on (a length curriculum starts
-  there directly; the other streams replay to it)."""
+  there directly; the other streams replay to it); with model.relax each
+  batch carries its step's temperature, 'relax_tau' (one per sequence)."""
+  batches = _word_batches(config, seed, start)
+  if not _check_relax(config.model):
+    return batches
+  size = config.train.batch_size
+
+  def with_tau():
+    for step, b in enumerate(batches, start):
+      tau = relax_temperature(config, step)
+      yield {**b, 'relax_tau': np.full((size,), tau, np.float32)}
+
+  return with_tau()
+
+
+def _word_batches(config, seed: int, start: int):
   ramp = int(config.task.get('curriculum_steps', 0))
   if ramp <= 0:
     return itertools.islice(_train_stream(config, seed), start, None)
@@ -264,6 +318,7 @@ def _check_config(config) -> None:
     raise ValueError('task.num_validation and task.num_test must be >= 1.')
   loss_on(config)
   _model_options(config.model)
+  _check_relax(config.model)
   ramp = t.get('curriculum_steps', 0)
   if isinstance(ramp, bool) or not isinstance(ramp, int) or ramp < 0:
     raise ConfigError(
@@ -283,6 +338,9 @@ def _loss_fn(graphdef, on: str):
   def loss(params, key, batch):
     del key
     model = nnx.merge(graphdef, params)
+    if 'relax_tau' in batch:  # Relaxed PD-SSM forward at this temperature.
+      for block in model.blocks:
+        block.mixer.relax_temperature = batch['relax_tau'][0]
     if on == 'prefix':
       logits = model.logits_all(batch['tokens'], batch['lengths'])
       value, acc, prefix_acc = sc.prefix_metrics(

@@ -180,6 +180,14 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   # PD-SSM dictionary init ('' = random): 'permutation' starts every token's
   # hardened P as a bijection (ssm.permutation_dictionary).
   c.model.dict_init = ''
+  # PD-SSM relaxation while training ('' = off: hardmax forward with the
+  # straight-through gradient): 'sinkhorn' trains through the doubly
+  # stochastic sinkhorn(M_t, T), T annealed geometrically from
+  # relax_temperature[0] to [1] over relax_anneal_fraction of the steps;
+  # evaluation always runs the hardmax layer.
+  c.model.relax = ''
+  c.model.relax_temperature = (1.0, 0.05)
+  c.model.relax_anneal_fraction = 0.8
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-3
