@@ -43,6 +43,15 @@ Presets:
           validation. Use with MODEL pdssm_paper and, for the paper's (G, k)
           tasks, --config.task.num_generators=k.
 
+Options for PD-SSM on group tasks (all off by default): model.dict_init
+='permutation' (every token's hardened P starts as a bijection),
+model.magnitude_init (initial |D|, e.g. 0.99), model.relax='sinkhorn'
+(train through the doubly stochastic Sinkhorn relaxation of P, its
+temperature annealed; evaluation runs the hardmax layer) and
+task.curriculum_steps (short words first). Every validation record of a
+PD-SSM group run carries bijective_frac and homomorphism_frac of the first
+layer's token maps (``ddlm_jax.evaluation.group_maps``).
+
 Paper Table 2 (test accuracy %, mean +- std over 5 seeds; random 20/50/20/50;
 the paper), columns cycle nav / even pairs / mod arith / parity:
   PD-SSM            99.5 +- 0.7 / 99.7 +- 0.3 / 96.2 +- 3.4 / 99.9 +- 0.1
