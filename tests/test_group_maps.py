@@ -51,6 +51,7 @@ def test_regular_representation_scores_one(group):
     'bijective_frac': 1.0,
     'homomorphism_frac': 1.0,
     'orbit_size': len(table),
+    'distinct_maps': len(table),
   }
 
 
@@ -79,6 +80,14 @@ def test_random_functions_score_low():
   assert np.mean([s['bijective_frac'] for s in scores]) < 0.2
 
 
+def test_the_trivial_representation_is_a_homomorphism_but_not_faithful():
+  _, table = _s3_by_hand()
+  maps = np.tile(np.arange(5), (6, 1))
+  res = gm.group_map_scores(maps, table)
+  assert res['homomorphism_frac'] == res['bijective_frac'] == 1.0
+  assert res['distinct_maps'] == 1 and res['orbit_size'] == 1
+
+
 def test_a_wrong_but_bijective_representation_is_caught():
   # Every token the same 3-cycle: all bijections, few relations hold.
   _, table = _s3_by_hand()
@@ -98,6 +107,7 @@ def test_generator_scores():
     'bijective_frac': 1.0,
     'homomorphism_frac': 1.0,
     'orbit_size': 60,
+    'distinct_maps': 3,
   }
   rng = np.random.default_rng(2)
   bad = gm.generator_map_scores(rng.integers(0, 64, (3, 64)), gens, table, 0)

@@ -11,6 +11,10 @@ from one that memorises the last few tokens; these two numbers can:
 - ``homomorphism_frac``: the fraction of token pairs (a, b) whose composed
   map equals the map of c = a * b on the orbit (the multiplication table
   is the group's full set of defining relations).
+- ``distinct_maps``: how many different maps the tokens induce on the
+  orbit. The trivial representation (every map the identity) satisfies
+  every relation; a faithful one, which the task needs, has one distinct
+  map per element (per generator when the tokens are generators).
 
 Convention (that of ``ddlm_jax.models.ssm``): a map is the column argmax
 ``p_xN`` of P, so the state j moves to ``p[j]``; a word is applied left to
@@ -34,6 +38,11 @@ def orbit(maps_GxN: np.ndarray, start) -> np.ndarray:
     seen |= nxt
     frontier = sorted(nxt)
   return np.array(sorted(seen), np.int64)
+
+
+def _distinct(maps_GxN: np.ndarray, states: np.ndarray) -> int:
+  """Number of different maps restricted to ``states``."""
+  return len({tuple(row) for row in np.asarray(maps_GxN)[:, states].tolist()})
 
 
 def bijective_on(maps_GxN: np.ndarray, states: np.ndarray) -> np.ndarray:
@@ -77,7 +86,7 @@ def group_map_scores(
       for h_0 = 0, where the input writes into all of them).
 
   Returns:
-    {'bijective_frac', 'homomorphism_frac', 'orbit_size'}.
+    {'bijective_frac', 'homomorphism_frac', 'orbit_size', 'distinct_maps'}.
   """
   maps = np.asarray(maps_GxN)
   if maps.ndim != 2 or not np.issubdtype(maps.dtype, np.integer):
@@ -91,6 +100,7 @@ def group_map_scores(
       homomorphism_hits(maps, table_GxG, states).mean()
     ),
     'orbit_size': int(len(states)),
+    'distinct_maps': _distinct(maps, states),
   }
 
 
@@ -141,6 +151,7 @@ def generator_map_scores(
     'bijective_frac': float(bijective_on(maps, states).mean()),
     'homomorphism_frac': float(np.mean(hits)) if hits else 1.0,
     'orbit_size': int(len(states)),
+    'distinct_maps': _distinct(maps, states),
   }
 
 

@@ -22,9 +22,10 @@ mixers through ``classifier_config``.
 
 Group diagnostic: for a PD-SSM ('pdssm', 'pdssm_paper') on a group task,
 every validation record also carries ``bijective_frac``,
-``homomorphism_frac`` and ``orbit_size`` of the first layer's hardened
-token maps (``ddlm_jax.evaluation.group_maps``), so a run that is building
-a permutation representation can be told from one that is not.
+``homomorphism_frac``, ``orbit_size`` and ``distinct_maps`` of the first
+layer's hardened token maps (``ddlm_jax.evaluation.group_maps``), so a run
+that is building a permutation representation can be told from one that
+is not.
 
 Model selection: the task's after-eval hook keeps the parameters with the
 best validation accuracy in state.extra (validation uses the test lengths
@@ -529,7 +530,7 @@ def token_maps(model: sc.SequenceClassifier) -> np.ndarray:
 
 
 def group_diagnostic(config):
-  """(params -> {'bijective_frac', 'homomorphism_frac', 'orbit_size'}) of a
+  """(params -> group_maps.group_map_scores's dict) of a
   PD-SSM run on a group task, or None for any other run.
 
   The orbit starts at e_0 for h_0 = e_0 and at every state for h_0 = 0
