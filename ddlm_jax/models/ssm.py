@@ -12,6 +12,10 @@ y_t = Re(C h_t) + D_skip * u_t:
   ``p_idx[j] = argmax_i M_t[i, j]`` and costs O(N) per step
   (``pallas_kernels.pd_scan``); dense N x N products appear only where the
   paper has them (building M_t, and the straight-through gradient of P_t).
+- Training aids, both off by default: ``dict_init='permutation'``
+  (``permutation_dictionary``: every token's hardened P starts as a
+  bijection) and ``relax_temperature`` (train through the dense Sinkhorn
+  relaxation of P_t, ``dense_scan``; evaluation keeps the hardmax).
 - D_t is complex diagonal: |D_t| = sigmoid(MLP_mag(u_t)) (clipped to
   ``max_magnitude`` < 1 so the system stays BIBO-stable in float32, where
   sigmoid saturates to exactly 1), phase = 2 pi sigmoid(MLP_phase(u_t)).
