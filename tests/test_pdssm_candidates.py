@@ -211,3 +211,23 @@ def test_every_candidate_trains_through_the_loop(tmp_path):
   assert all(np.isfinite(r['loss']) for r in recs if r['split'] == 'train')
   val = [r for r in recs if r['split'] == 'validation']
   assert val and all('homomorphism_frac' in r for r in val)
+
+
+def test_relax_harden_reads_the_sinkhorn_matrix():
+  from ddlm_jax.models.hardmax import column_argmax, sinkhorn
+
+  c = cfgs.get_config('pdssm,s3,smoke')
+  c.model.relax = 'sinkhorn'
+  c.model.relax_harden = True
+  kwargs = dict(st_task.classifier_config(c).mixer_kwargs)
+  assert kwargs['harden_temperature'] == c.model.relax_temperature[1]
+  c.model.relax = ''
+  assert 'harden_temperature' not in dict(
+    st_task.classifier_config(c).mixer_kwargs
+  )
+  mixer = ssm.SSMMixer(16, 6, harden_temperature=0.05, rngs=nnx.Rngs(0))
+  u_BxLxD = jax.random.normal(jax.random.key(1), (2, 5, 16))
+  want = column_argmax(sinkhorn(mixer.mixture(u_BxLxD), 0.05, 20))
+  np.testing.assert_array_equal(mixer.transition_indices(u_BxLxD), want)
+  with pytest.raises(ValueError, match='harden_temperature'):
+    ssm.SSMMixer(16, 6, harden_temperature=0.0, rngs=nnx.Rngs(0))

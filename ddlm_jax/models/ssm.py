@@ -261,6 +261,9 @@ class SSMMixer(nnx.Module):
       gradient. Annealing T towards 0 trains the maps towards bijections;
       evaluation leaves it None, so the model evaluated is the paper's.
     sinkhorn_iters: Sinkhorn iterations of the relaxed forward.
+    harden_temperature: None (the paper: P_t = hardmax of M_t's columns),
+      or T1 > 0: P_t = hardmax of sinkhorn(M_t, T1)'s columns, the
+      hardening that matches a run relaxed down to T1.
   """
 
   def __init__(
@@ -279,6 +282,7 @@ class SSMMixer(nnx.Module):
     init: str = 'default',
     magnitude_init: float | None = None,
     dict_init: str = 'random',
+    harden_temperature: float | None = None,
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
@@ -324,6 +328,11 @@ class SSMMixer(nnx.Module):
     self.init = init
     self.relax_temperature = None
     self.sinkhorn_iters = 20
+    if harden_temperature is not None and harden_temperature <= 0:
+      raise ValueError(
+        f'harden_temperature must be > 0 (or None), got {harden_temperature}.'
+      )
+    self.harden_temperature = harden_temperature
     pd = dict(param_dtype=param_dtype)
     authors = init == 'authors'
     # normal(fan**-0.5) parameters, drawn in the order written here.
@@ -403,8 +412,14 @@ class SSMMixer(nnx.Module):
     return jnp.einsum('blk,kij->blij', s_BxLxK, self.dictionary[...])
 
   def relaxed_transition(self, u_BxLxD: jax.Array) -> jax.Array:
-    """Column softmax of M_t (the straight-through surrogate)."""
-    return column_softmax(self.mixture(u_BxLxD), self.st_temperature)
+    """Column softmax of M_t (the straight-through surrogate), or with
+    ``harden_temperature`` T1 the Sinkhorn matrix sinkhorn(M_t, T1), so the
+    hardmax reads the columns of the matrix a relaxed run trained towards.
+    """
+    m = self.mixture(u_BxLxD)
+    if self.harden_temperature is not None:
+      return sinkhorn(m, self.harden_temperature, self.sinkhorn_iters)
+    return column_softmax(m, self.st_temperature)
 
   def transition_indices(self, u_BxLxD: jax.Array) -> jax.Array:
     """p_idx_BxLxN of the hardened P_t (pdssm only)."""

@@ -149,6 +149,8 @@ def _model_options(m) -> dict:
     out['dict_init'] = dict_init
   if mag:
     out['magnitude_init'] = float(mag)
+  if _check_relax(m) and m.get('relax_harden', False):
+    out['harden_temperature'] = float(tuple(m.relax_temperature)[1])
   return out
 
 

@@ -197,6 +197,9 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   c.model.relax = ''
   c.model.relax_temperature = (1.0, 0.05)
   c.model.relax_anneal_fraction = 0.8
+  # With relax: harden sinkhorn(M_t, relax_temperature[1]) instead of M_t
+  # (training and evaluation), so evaluation reads what training relaxed.
+  c.model.relax_harden = False
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-3
