@@ -521,3 +521,57 @@ def stream_batches(
       generator_seed,
       prefix_labels,
     )
+
+
+def curriculum_max_len(step: int, lo: int, hi: int, ramp_steps: int) -> int:
+  """Longest word at ``step`` of a length curriculum: lo -> hi linearly.
+
+  The first batch has words of length ``lo`` only; from ``ramp_steps`` on
+  the whole range [lo, hi] is used (``ramp_steps`` = 0: no curriculum).
+  """
+  if ramp_steps <= 0 or step >= ramp_steps:
+    return hi
+  return lo + int((hi - lo) * step / ramp_steps)
+
+
+def curriculum_batches(
+  task: str,
+  batch_size: int,
+  *,
+  seed: int,
+  ramp_steps: int,
+  start: int = 0,
+  min_len: int | None = None,
+  max_len: int | None = None,
+  num_generators: int | None = None,
+  generator_seed: int = 0,
+  prefix_labels: bool = False,
+) -> Iterator[dict[str, np.ndarray]]:
+  """Endless training batches, short words first (a length curriculum).
+
+  Batch i has lengths in [lo, ``curriculum_max_len(i, ...)``], padded to
+  the final max_len so every batch has one shape (one compiled step).
+  Batch i is drawn from its own stream (seed, task, 'train', i), so a
+  resumed run starts at ``start`` without replaying the earlier batches.
+  """
+  spec = task_spec(task)
+  _check_group_kwargs(spec, num_generators, prefix_labels)
+  lo, hi = _resolve_lengths(spec, 'train', min_len, max_len)
+  for step in itertools.count(start):
+    ss = np.random.SeedSequence(
+      [seed, zlib.crc32(task.encode()), _SPLIT_IDS['train'], step + 1]
+    )
+    cur_hi = max(lo, curriculum_max_len(step, lo, hi, ramp_steps))
+    if spec.odd_lengths_only:
+      cur_hi = max(cur_hi - (cur_hi % 2 == 0), lo + (lo % 2 == 0))
+    yield _generate(
+      spec,
+      np.random.default_rng(ss),
+      batch_size,
+      lo,
+      cur_hi,
+      hi,
+      num_generators,
+      generator_seed,
+      prefix_labels,
+    )

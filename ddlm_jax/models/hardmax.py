@@ -5,6 +5,9 @@ one-hot vector, so the forward pass is an exact permutation-like matrix,
 while the backward pass differentiates the (temperature-scaled) softmax as
 if nothing had been hardened. ``column_*`` are the axis=-2 forms used on
 N x N matrices: column j is hardened to e_{argmax_i m[i, j]}.
+``sinkhorn`` is the doubly stochastic relaxation a PD-SSM can train with
+instead (``ssm.SSMMixer.relax_temperature``): as its temperature falls it
+tends to a permutation matrix, the bijection the hardmax should find.
 """
 
 from __future__ import annotations
@@ -43,3 +46,20 @@ def column_onehot_st(m_xNxN: jax.Array, temperature: float = 1.0) -> jax.Array:
   its scan (see ``ssm.pd_scan_st``, which only needs ``column_argmax``).
   """
   return straight_through_hardmax(m_xNxN, axis=-2, temperature=temperature)
+
+
+def sinkhorn(m_xNxN: jax.Array, temperature, num_iters: int = 20) -> jax.Array:
+  """exp(m / T) balanced to a doubly stochastic matrix (log domain).
+
+  Alternately normalises rows and columns (Sinkhorn-Knopp), ending with the
+  columns so that, like ``column_softmax``, every column sums to one
+  exactly and the state's mass is preserved; the rows sum to one up to the
+  iteration's convergence. As T -> 0 the result tends to the permutation
+  matrix of the assignment maximising sum_j m[p[j], j]. ``temperature``
+  may be a traced scalar (an annealing schedule inside a jitted step).
+  """
+  log_p = m_xNxN / temperature
+  for _ in range(num_iters):
+    log_p = log_p - jax.nn.logsumexp(log_p, axis=-1, keepdims=True)
+    log_p = log_p - jax.nn.logsumexp(log_p, axis=-2, keepdims=True)
+  return jnp.exp(log_p)

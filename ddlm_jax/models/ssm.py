@@ -12,6 +12,10 @@ y_t = Re(C h_t) + D_skip * u_t:
   ``p_idx[j] = argmax_i M_t[i, j]`` and costs O(N) per step
   (``pallas_kernels.pd_scan``); dense N x N products appear only where the
   paper has them (building M_t, and the straight-through gradient of P_t).
+- Training aids, both off by default: ``dict_init='permutation'``
+  (``permutation_dictionary``: every token's hardened P starts as a
+  bijection) and ``relax_temperature`` (train through the dense Sinkhorn
+  relaxation of P_t, ``dense_scan``; evaluation keeps the hardmax).
 - D_t is complex diagonal: |D_t| = sigmoid(MLP_mag(u_t)) (clipped to
   ``max_magnitude`` < 1 so the system stays BIBO-stable in float32, where
   sigmoid saturates to exactly 1), phase = 2 pi sigmoid(MLP_phase(u_t)).
@@ -58,7 +62,7 @@ from flax import nnx
 
 import pallas_kernels
 from ddlm_jax.models import layers
-from ddlm_jax.models.hardmax import column_argmax, column_softmax
+from ddlm_jax.models.hardmax import column_argmax, column_softmax, sinkhorn
 from ddlm_jax.models.layers import axes_meta, lecun_dense, param
 
 MODES = ('pdssm', 'complex_diag', 'selective_diag')
@@ -73,6 +77,35 @@ INITIAL_STATES = ('zeros', 'onehot')
 # readout C with the std of a torch Linear(2N, D) (1 / sqrt(6N)) and a bias.
 INITS = ('default', 'authors')
 COMBINES = ('sum', 'concat')
+# PD-SSM dictionary inits: 'random' (dense N(0, 1/N) entries: the column
+# argmax of a mixture starts as a random function, whose image is ~63% of
+# the states), or 'permutation' (see ``permutation_dictionary``: the
+# argmax of EVERY mixture starts as a bijection).
+DICT_INITS = ('random', 'permutation')
+
+
+def permutation_dictionary(key: jax.Array, num_dict: int, n: int) -> jax.Array:
+  """K one-hot permutation matrices whose columns never share a row.
+
+  M_k[:, j] = e_{p_k[j]} with p_k[j] = sigma[(tau[j] + k) mod N] for random
+  permutations sigma and tau, so in every column j the K entries sit in K
+  distinct rows. A mixture sum_k s_k M_k with s on the simplex then has, in
+  every column, its maximum in the row of the same k* = argmax_k s_k: its
+  column argmax IS the permutation p_{k*}, whatever the selector says, and
+  each token of a PD-SSM starts as a random bijection of the states (maps
+  that differ by a random relabelling, so together they generate a large,
+  non-abelian permutation group). Needs K <= N.
+  """
+  if not 1 <= num_dict <= n:
+    raise ValueError(
+      f"dict_init='permutation' needs 1 <= num_dict <= state_size, got "
+      f'num_dict={num_dict}, state_size={n}; lower num_dict.'
+    )
+  k_sigma, k_tau = jax.random.split(key)
+  sigma = jax.random.permutation(k_sigma, n)
+  tau = jax.random.permutation(k_tau, n)
+  p_KxN = sigma[(tau[None, :] + jnp.arange(num_dict)[:, None]) % n]
+  return jax.nn.one_hot(p_KxN, n, axis=-2)
 
 
 # ----------------------------------------------------------------------------
@@ -94,6 +127,34 @@ def _shift_prev(
   if reverse:
     return jnp.concatenate([h_BxLxN[:, 1:], h0_BxN[:, None]], axis=1)
   return jnp.concatenate([h0_BxN[:, None], h_BxLxN[:, :-1]], axis=1)
+
+
+def dense_scan(
+  a_BxLxNxN: jax.Array,
+  b_BxLxN: jax.Array,
+  h0_BxN: jax.Array,
+  reverse: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+  """h_t = A_t h_{t-1} + b_t with dense A_t (the relaxed PD-SSM forward).
+
+  O(N^2) per step instead of the one-hot scan's O(N); only the training
+  forward of a relaxed PD-SSM uses it. Returns (h_BxLxN, h_last_BxN).
+  """
+
+  def step(h_BxN, ab):
+    a_BxNxN, b_BxN = ab
+    h_BxN = jnp.einsum('bij,bj->bi', a_BxNxN, h_BxN) + b_BxN
+    return h_BxN, h_BxN
+
+  dtype = jnp.result_type(a_BxLxNxN, b_BxLxN, h0_BxN)
+  xs = (
+    jnp.moveaxis(a_BxLxNxN, 1, 0).astype(dtype),
+    jnp.moveaxis(b_BxLxN, 1, 0).astype(dtype),
+  )
+  h_last, h_LxBxN = jax.lax.scan(
+    step, h0_BxN.astype(dtype), xs, reverse=reverse
+  )
+  return jnp.moveaxis(h_LxBxN, 0, 1), h_last
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -193,6 +254,16 @@ class SSMMixer(nnx.Module):
     reverse: scan from the end of the sequence.
     scan_impl: passed to pallas_kernels ('auto' | 'reference' | 'xla' |
       'pallas' | 'interpret'); may be reassigned after construction.
+    relax_temperature: None (the paper's layer: hardmax forward,
+      straight-through gradient), or a temperature T > 0 (a float or a
+      traced scalar, set on the module for a training step): the forward
+      then runs the dense relaxed P_t = sinkhorn(M_t, T) and its exact
+      gradient. Annealing T towards 0 trains the maps towards bijections;
+      evaluation leaves it None, so the model evaluated is the paper's.
+    sinkhorn_iters: Sinkhorn iterations of the relaxed forward.
+    harden_temperature: None (the paper: P_t = hardmax of M_t's columns),
+      or T1 > 0: P_t = hardmax of sinkhorn(M_t, T1)'s columns, the
+      hardening that matches a run relaxed down to T1.
   """
 
   def __init__(
@@ -210,9 +281,15 @@ class SSMMixer(nnx.Module):
     initial_state: str = 'zeros',
     init: str = 'default',
     magnitude_init: float | None = None,
+    dict_init: str = 'random',
+    harden_temperature: float | None = None,
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
+    if dict_init not in DICT_INITS:
+      raise ValueError(
+        f'dict_init must be one of {DICT_INITS}, got {dict_init!r}.'
+      )
     if init not in INITS:
       raise ValueError(f'init must be one of {INITS}, got {init!r}.')
     if magnitude_init is not None and not 0.0 < magnitude_init < 1.0:
@@ -249,6 +326,13 @@ class SSMMixer(nnx.Module):
     self.max_magnitude = float(max_magnitude)
     self.initial_state = initial_state
     self.init = init
+    self.relax_temperature = None
+    self.sinkhorn_iters = 20
+    if harden_temperature is not None and harden_temperature <= 0:
+      raise ValueError(
+        f'harden_temperature must be > 0 (or None), got {harden_temperature}.'
+      )
+    self.harden_temperature = harden_temperature
     pd = dict(param_dtype=param_dtype)
     authors = init == 'authors'
     # normal(fan**-0.5) parameters, drawn in the order written here.
@@ -269,6 +353,10 @@ class SSMMixer(nnx.Module):
           D, num_dict, ('embed', 'dict'), rngs=rngs, **pd
         )
       self.dictionary = normal(N, (num_dict, N, N), ('dict', 'state', None))
+      if dict_init == 'permutation':
+        self.dictionary[...] = permutation_dictionary(
+          rngs.params(), num_dict, N
+        ).astype(param_dtype)
     if mode in ('pdssm', 'complex_diag'):
       self.mag_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)
       self.phase_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)
@@ -318,10 +406,19 @@ class SSMMixer(nnx.Module):
     phase = 2 * jnp.pi * jax.nn.sigmoid(self.phase_mlp(u_BxLxD))
     return jax.lax.complex(mag * jnp.cos(phase), mag * jnp.sin(phase))
 
-  def relaxed_transition(self, u_BxLxD: jax.Array) -> jax.Array:
-    """Column softmax of M_t = sum_k softmax(S u_t)_k M_k, [B, L, N, N]."""
+  def mixture(self, u_BxLxD: jax.Array) -> jax.Array:
+    """M_t = sum_k softmax(S u_t)_k M_k, [B, L, N, N]."""
     s_BxLxK = jax.nn.softmax(self.select(u_BxLxD), axis=-1)
-    m = jnp.einsum('blk,kij->blij', s_BxLxK, self.dictionary[...])
+    return jnp.einsum('blk,kij->blij', s_BxLxK, self.dictionary[...])
+
+  def relaxed_transition(self, u_BxLxD: jax.Array) -> jax.Array:
+    """Column softmax of M_t (the straight-through surrogate), or with
+    ``harden_temperature`` T1 the Sinkhorn matrix sinkhorn(M_t, T1), so the
+    hardmax reads the columns of the matrix a relaxed run trained towards.
+    """
+    m = self.mixture(u_BxLxD)
+    if self.harden_temperature is not None:
+      return sinkhorn(m, self.harden_temperature, self.sinkhorn_iters)
     return column_softmax(m, self.st_temperature)
 
   def transition_indices(self, u_BxLxD: jax.Array) -> jax.Array:
@@ -369,10 +466,18 @@ class SSMMixer(nnx.Module):
       return pallas_kernels.linear_scan(
         d, b, h0_BxN=h0_BxN, reverse=self.reverse, impl=self.scan_impl
       )
-    soft = self.relaxed_transition(u_BxLxD)
+    if self.relax_temperature is not None:
+      soft = sinkhorn(
+        self.mixture(u_BxLxD), self.relax_temperature, self.sinkhorn_iters
+      )
+    else:
+      soft = self.relaxed_transition(u_BxLxD)
     if mask_BxL is not None:
       eye = jnp.eye(N, dtype=soft.dtype)
       soft = jnp.where(keep[..., None], soft, eye)
+    if self.relax_temperature is not None:
+      # A_t = P_t D_t: column j of the relaxed P_t scaled by d_t[j].
+      return dense_scan(soft * d[..., None, :], b, h0_BxN, self.reverse)
     return pd_scan_st(soft, d, b, h0_BxN, self.reverse, self.scan_impl)
 
   def readout(self, h_BxLxN: jax.Array, u_BxLxD: jax.Array) -> jax.Array:

@@ -20,6 +20,13 @@ train 'acc' stays the last-token accuracy either way, so tables compare;
 ``model.magnitude_init`` ('' / 0 = the mixer's default) reach the SSM
 mixers through ``classifier_config``.
 
+Group diagnostic: for a PD-SSM ('pdssm', 'pdssm_paper') on a group task,
+every validation record also carries ``bijective_frac``,
+``homomorphism_frac``, ``orbit_size`` and ``distinct_maps`` of the first
+layer's hardened token maps (``ddlm_jax.evaluation.group_maps``), so a run
+that is building a permutation representation can be told from one that
+is not.
+
 Model selection: the task's after-eval hook keeps the parameters with the
 best validation accuracy in state.extra (validation uses the test lengths
 on a separate stream), and the summary reports test accuracy of those
@@ -42,6 +49,7 @@ import optax
 from flax import nnx
 
 from ddlm_jax.data import state_tracking as st
+from ddlm_jax.evaluation import group_maps
 from ddlm_jax.models import sequence_classifier as sc
 from ddlm_jax.models import ssm
 from ddlm_jax.training import config as config_lib
@@ -66,6 +74,8 @@ ALL_TASKS = {**st.TASKS, **st.GROUP_TASKS}
 _SSM_MIXERS = (*ssm.MODES, 'pdssm_paper')
 # Mixers whose transition has a learned magnitude |D| (magnitude_init).
 _MAGNITUDE_MIXERS = ('pdssm', 'complex_diag', 'pdssm_paper')
+# Mixers with a PD-SSM dictionary (model.dict_init, model.relax).
+_PDSSM_MIXERS = ('pdssm', 'pdssm_paper')
 
 
 def loss_on(config) -> str:
@@ -86,7 +96,7 @@ def loss_on(config) -> str:
 
 
 def _model_options(m) -> dict:
-  """Checked SSMMixer options model.init / model.magnitude_init as kwargs.
+  """Checked SSMMixer options (model.init, magnitude_init, dict_init).
 
   '' / 0 leave the mixer's own default (for 'pdssm_paper': the authors'
   init), so configs saved without the keys build the same model.
@@ -116,11 +126,31 @@ def _model_options(m) -> dict:
       f'{_MAGNITUDE_MIXERS} (a learned |D|), not model.mixer={m.mixer!r}; '
       'set model.magnitude_init=0.'
     )
+  dict_init = m.get('dict_init', '')
+  if dict_init and dict_init not in ssm.DICT_INITS:
+    raise ConfigError(
+      f"model.dict_init={dict_init!r}: choose '' (the default) or one of "
+      f'{ssm.DICT_INITS}.'
+    )
+  if dict_init and m.mixer not in _PDSSM_MIXERS:
+    raise ConfigError(
+      f'model.dict_init={dict_init!r} applies to the PD-SSM mixers '
+      f"{_PDSSM_MIXERS}, not model.mixer={m.mixer!r}; set model.dict_init=''."
+    )
+  if dict_init == 'permutation' and m.num_dict > m.state_size:
+    raise ConfigError(
+      f"model.dict_init='permutation' needs model.num_dict <= "
+      f'model.state_size, got {m.num_dict} > {m.state_size}; lower num_dict.'
+    )
   out = {}
   if init:
     out['init'] = init
+  if dict_init:
+    out['dict_init'] = dict_init
   if mag:
     out['magnitude_init'] = float(mag)
+  if _check_relax(m) and m.get('relax_harden', False):
+    out['harden_temperature'] = float(tuple(m.relax_temperature)[1])
   return out
 
 
@@ -155,6 +185,83 @@ def classifier_config(config) -> sc.ClassifierConfig:
     mlp_ratio=m.mlp_ratio,
     scan_impl=m.scan_impl,
     mixer_kwargs=tuple(extra.items()),
+  )
+
+
+RELAXATIONS = ('sinkhorn',)
+
+
+def relax_temperature(config, step: int) -> float:
+  """Sinkhorn temperature at ``step``: geometric from T0 to T1 over the
+  first ``relax_anneal_fraction`` of training, then T1."""
+  m = config.model
+  t0, t1 = (float(v) for v in m.relax_temperature)
+  span = max(1.0, m.relax_anneal_fraction * config.train.num_steps)
+  return t0 * (t1 / t0) ** min(1.0, step / span)
+
+
+def _check_relax(m) -> str:
+  """model.relax ('' or 'sinkhorn') and its schedule, checked."""
+  relax = m.get('relax', '')
+  if not relax:
+    return ''
+  if relax not in RELAXATIONS:
+    raise ConfigError(
+      f"model.relax={relax!r}: choose '' (off) or one of {RELAXATIONS}."
+    )
+  if m.mixer not in _PDSSM_MIXERS:
+    raise ConfigError(
+      f'model.relax={relax!r} applies to the PD-SSM mixers {_PDSSM_MIXERS}, '
+      f"not model.mixer={m.mixer!r}; set model.relax=''."
+    )
+  temps = tuple(m.relax_temperature)
+  if len(temps) != 2 or not 0 < temps[1] <= temps[0]:
+    raise ConfigError(
+      f'model.relax_temperature={temps!r}: need (T0, T1) with 0 < T1 <= T0.'
+    )
+  if not 0 < m.relax_anneal_fraction <= 1:
+    raise ConfigError(
+      f'model.relax_anneal_fraction={m.relax_anneal_fraction!r}: must be in '
+      '(0, 1].'
+    )
+  return relax
+
+
+def _train_batches(config, seed: int, start: int):
+  """The train batches from step ``start`` on (a length curriculum starts
+  there directly; the other streams replay to it); with model.relax each
+  batch carries its step's temperature, 'relax_tau' (one per sequence)."""
+  batches = _word_batches(config, seed, start)
+  if not _check_relax(config.model):
+    return batches
+  size = config.train.batch_size
+
+  def with_tau():
+    for step, b in enumerate(batches, start):
+      tau = relax_temperature(config, step)
+      yield {**b, 'relax_tau': np.full((size,), tau, np.float32)}
+
+  return with_tau()
+
+
+def _word_batches(config, seed: int, start: int):
+  ramp = int(config.task.get('curriculum_steps', 0))
+  if ramp <= 0:
+    return itertools.islice(_train_stream(config, seed), start, None)
+  t = config.task
+  kw = _task_kwargs(config)
+  if loss_on(config) == 'prefix':
+    kw['prefix_labels'] = True
+  lo, hi = t.train_lengths
+  return st.curriculum_batches(
+    t.name,
+    config.train.batch_size,
+    seed=seed,
+    ramp_steps=ramp,
+    start=start,
+    min_len=lo,
+    max_len=hi,
+    **kw,
   )
 
 
@@ -214,6 +321,18 @@ def _check_config(config) -> None:
     raise ValueError('task.num_validation and task.num_test must be >= 1.')
   loss_on(config)
   _model_options(config.model)
+  _check_relax(config.model)
+  ramp = t.get('curriculum_steps', 0)
+  if isinstance(ramp, bool) or not isinstance(ramp, int) or ramp < 0:
+    raise ConfigError(
+      f'task.curriculum_steps={ramp!r}: must be an integer >= 0 (0: no '
+      'length curriculum).'
+    )
+  if ramp and t.num_train > 0:
+    raise ConfigError(
+      'task.curriculum_steps needs fresh samples every step; set '
+      'task.num_train=0 (or task.curriculum_steps=0).'
+    )
 
 
 def _loss_fn(graphdef, on: str):
@@ -222,6 +341,9 @@ def _loss_fn(graphdef, on: str):
   def loss(params, key, batch):
     del key
     model = nnx.merge(graphdef, params)
+    if 'relax_tau' in batch:  # Relaxed PD-SSM forward at this temperature.
+      for block in model.blocks:
+        block.mixer.relax_temperature = batch['relax_tau'][0]
     if on == 'prefix':
       logits = model.logits_all(batch['tokens'], batch['lengths'])
       value, acc, prefix_acc = sc.prefix_metrics(
@@ -390,6 +512,58 @@ def _init_extra(params):
   }
 
 
+def first_mixer(model: sc.SequenceClassifier, x_BxLxD: jax.Array):
+  """(first block's mixer, what it sees for the block input x)."""
+  block = model.blocks[0]
+  if hasattr(block, 'norm1'):  # Pre-norm residual block (ssm.SSMBlock).
+    return block.mixer, block.norm1(x_BxLxD)
+  return block.mixer, x_BxLxD  # ssm.PostNormBlock: the raw input.
+
+
+def token_maps(model: sc.SequenceClassifier) -> np.ndarray:
+  """maps_TxN: the first PD-SSM layer's column argmax for every real token.
+
+  With no position embedding the first layer's input at a token is a
+  function of the token alone, so each token has one hardened map.
+  """
+  vocab = model.config.vocab_size
+  mixer, u = first_mixer(model, model.embed(jnp.arange(1, vocab)[None, :]))
+  return np.asarray(mixer.transition_indices(u))[0]
+
+
+def group_diagnostic(config):
+  """(params -> group_maps.group_map_scores's dict) of a
+  PD-SSM run on a group task, or None for any other run.
+
+  The orbit starts at e_0 for h_0 = e_0 and at every state for h_0 = 0
+  (the input then writes into all of them); see ``group_maps``.
+  """
+  group = st.task_spec(config.task.name).group
+  if group is None or config.model.mixer not in _PDSSM_MIXERS:
+    return None
+  ccfg = classifier_config(config)
+  graphdef, _, _ = programs(ccfg, bool(config.train.fast_compile))
+  gens = st.group_generators(
+    group, config.task.num_generators or None, config.task.generator_seed
+  )
+  table = st.group_table(group)
+  every_element = len(gens) == len(table)
+
+  def diagnose(params) -> dict:
+    model = nnx.merge(graphdef, params)
+    maps = token_maps(model)
+    mixer, _ = first_mixer(model, model.embed(jnp.zeros((1, 1), jnp.int32)))
+    n = maps.shape[1]
+    start = (0,) if mixer.initial_state == 'onehot' else tuple(range(n))
+    if every_element:
+      return group_maps.group_map_scores(maps, table, start)
+    return group_maps.generator_map_scores(
+      maps, gens, table, st.group_identity(group), start
+    )
+
+  return diagnose
+
+
 def state_tracking_task(config, *, eval_hook=None) -> Task:
   """One (model, task, seed) run of the benchmark as a loop task.
 
@@ -405,8 +579,12 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
   val = _eval_split(config, 'validation', config.task.num_validation, seed)
   batch = config.eval.batch_size
 
+  diagnose = group_diagnostic(config)
+
   def validate(params, step):
     res = evaluate(eval_step, params, val, batch)
+    if diagnose is not None:
+      res.update(diagnose(params))
     if eval_hook is not None:
       res.update(eval_hook(params, step))
     return res
@@ -414,9 +592,7 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
   return Task(
     init=init,
     loss=_loss_fn(graphdef, on),
-    batches=lambda start: itertools.islice(
-      _train_stream(config, seed), start, None
-    ),
+    batches=lambda start: _train_batches(config, seed, start),
     evaluate=validate,
     after_eval=_keep_best(float(tr.get('early_stop_accuracy', 0.0))),
     init_extra=_init_extra,

@@ -43,6 +43,15 @@ Presets:
           validation. Use with MODEL pdssm_paper and, for the paper's (G, k)
           tasks, --config.task.num_generators=k.
 
+Options for PD-SSM on group tasks (all off by default): model.dict_init
+='permutation' (every token's hardened P starts as a bijection),
+model.magnitude_init (initial |D|, e.g. 0.99), model.relax='sinkhorn'
+(train through the doubly stochastic Sinkhorn relaxation of P, its
+temperature annealed; evaluation runs the hardmax layer) and
+task.curriculum_steps (short words first). Every validation record of a
+PD-SSM group run carries bijective_frac and homomorphism_frac of the first
+layer's token maps (``ddlm_jax.evaluation.group_maps``).
+
 Paper Table 2 (test accuracy %, mean +- std over 5 seeds; random 20/50/20/50;
 the paper), columns cycle nav / even pairs / mod arith / parity:
   PD-SSM            99.5 +- 0.7 / 99.7 +- 0.3 / 96.2 +- 3.4 / 99.9 +- 0.1
@@ -155,6 +164,9 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   c.task.train_lengths = (3, 40)
   c.task.eval_lengths = (40, 256)  # Validation and test.
   c.task.num_train = 0  # 0: fresh samples every step; > 0: a fixed set.
+  # Length curriculum (0: off): the longest training word grows linearly
+  # from train_lengths[0] to train_lengths[1] over this many steps.
+  c.task.curriculum_steps = 0
   c.task.num_validation = 1024
   c.task.num_test = 4096
 
@@ -174,6 +186,20 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   # initial |D_t| in (0, 1) (pdssm, complex_diag, pdssm_paper).
   c.model.init = ''
   c.model.magnitude_init = 0.0
+  # PD-SSM dictionary init ('' = random): 'permutation' starts every token's
+  # hardened P as a bijection (ssm.permutation_dictionary).
+  c.model.dict_init = ''
+  # PD-SSM relaxation while training ('' = off: hardmax forward with the
+  # straight-through gradient): 'sinkhorn' trains through the doubly
+  # stochastic sinkhorn(M_t, T), T annealed geometrically from
+  # relax_temperature[0] to [1] over relax_anneal_fraction of the steps;
+  # evaluation always runs the hardmax layer.
+  c.model.relax = ''
+  c.model.relax_temperature = (1.0, 0.05)
+  c.model.relax_anneal_fraction = 0.8
+  # With relax: harden sinkhorn(M_t, relax_temperature[1]) instead of M_t
+  # (training and evaluation), so evaluation reads what training relaxed.
+  c.model.relax_harden = False
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-3
