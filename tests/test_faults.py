@@ -528,13 +528,31 @@ def test_cli_a_really_full_disk_is_one_line_and_resumes(tmp_path):
     ]
     out = _cli(*args)
     assert out.returncode == faults.WRITE_FAILED, out.stderr[-3000:]
-    # The run's one line and nothing else: orbax's error logs are dropped
-    # and the process ends right after the line, before tensorstore's
-    # native writer callbacks can print asyncio's closed-loop tracebacks.
+    # orbax's error logs are dropped and stderr is closed right after the
+    # run's one line (faults.exit_now), so nothing prints after it. But
+    # tensorstore's native write callbacks can print asyncio's 'Event loop
+    # is closed' traceback below Python's hooks *while* the line is being
+    # written (seen about once in ten runs); that native traceback, and
+    # only it, is allowed around the run's line, which must be whole.
     ours = re.findall(r'error: Saving checkpoint .*? to resume\.', out.stderr)
     assert len(ours) == 1, out.stderr
     assert 'The disk is full' in ours[0] and 'newest kept:' in ours[0]
-    assert out.stderr.strip() == ours[0], out.stderr
+    rest = out.stderr.replace(ours[0], '\n')
+    files = re.findall(r'File "([^"]+)"', rest)
+    assert all(f.endswith('asyncio/base_events.py') for f in files), rest
+    errors = re.findall(r'\b(\w+Error): ', rest)
+    assert set(errors) <= {'RuntimeError'}, rest
+    closed = rest.count('RuntimeError: Event loop is closed')
+    assert rest.count('RuntimeError: ') == closed, rest
+    leftover = [
+      line
+      for line in rest.splitlines()
+      if line.strip()
+      and not line.strip().startswith(('Traceback', 'File ', 'self.', 'raise '))
+      and 'Event loop is closed' not in line
+      and not set(line.strip()) <= set('^~ ')
+    ]
+    assert not leftover, rest
     subprocess.run(['mount', '-o', 'remount,size=16M', str(small)], check=True)
     done = _cli(*args)
     assert done.returncode == 0, done.stderr[-3000:]
