@@ -75,4 +75,16 @@ def test_every_config_refuses_a_misspelt_preset_naming_smoke(name):
   misspelt = smoke[: -len('smoke')] + 'smoek'
   with pytest.raises(ValueError, match="did you mean 'smoke'"):
     module.get_config(misspelt)
-  assert module.get_config(smoke) is not None
+  steps = _num_steps(module.get_config(smoke).to_dict())
+  assert steps and max(steps) <= 50, steps  # The preset really is a smoke.
+
+
+def _num_steps(block) -> list[int]:
+  """Every `num_steps` value of a nested config dict (stages included)."""
+  found = []
+  for key, value in block.items():
+    if isinstance(value, dict):
+      found += _num_steps(value)
+    elif key == 'num_steps':
+      found.append(value)
+  return found

@@ -130,12 +130,13 @@ class EntropyBoundCanvasSampler(Sampler):
   name: ClassVar[str] = 'entropy_bound_canvas'
   families: ClassVar[tuple[str, ...]] = (FAMILY,)
 
-  num_steps: int = 48
-  entropy_bound: float = 0.1
-  t_min: float = 0.4
-  t_max: float = 0.8
-  stability_threshold: int = 1
-  confidence_threshold: float = 0.005
+  # The host sampler's defaults (the reference's), in one place.
+  num_steps: int = EntropyBoundCanvasConfig.max_denoising_steps
+  entropy_bound: float = EntropyBoundCanvasConfig.entropy_bound
+  t_min: float = EntropyBoundCanvasConfig.t_min
+  t_max: float = EntropyBoundCanvasConfig.t_max
+  stability_threshold: int = EntropyBoundCanvasConfig.stability_threshold
+  confidence_threshold: float = EntropyBoundCanvasConfig.confidence_threshold
 
   def __post_init__(self):
     super().__post_init__()
