@@ -71,6 +71,18 @@ def test_full_configs_are_twins_in_the_bpe_regime():
     quickstart_bpe.get_config('tiny')
 
 
+def test_long_preset_keeps_tokens_per_step_and_its_own_twin():
+  base = quickstart_bpe.get_config()
+  md = quickstart_bpe.get_config('long')
+  ar = ar_quickstart_bpe.get_config('long')
+  assert md.data.seq_len == ar.data.seq_len == 512
+  tokens = md.data.seq_len * md.train.batch_size
+  assert tokens == base.data.seq_len * base.train.batch_size
+  assert md.sample.scorer == 'runs/quickstart_bpe_long_ar'
+  assert ar.process.kind == 'ar' and md.model.to_dict() == base.model.to_dict()
+  assert quickstart_bpe.get_config('long,smoke').data.seq_len == 32
+
+
 def test_smoke_excerpt_is_the_corpus_prefix():
   paths = quickstart_bpe.smoke_files()
   full = corpus.load_text_splits('shakespeare')
