@@ -48,6 +48,7 @@ import json
 import math
 import os
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -354,8 +355,20 @@ def _measure(run, point, temperature, opts, scorer, same) -> dict:
   return out
 
 
-def frontier(config, workdir: str, opts: Options) -> dict:
-  """Runs the frontier; writes and returns {'rows', 'curves', ...}."""
+@dataclasses.dataclass
+class Loaded:
+  """A run ready to sample at --config's length, with its scorer."""
+
+  run: Any
+  scorer: Any  # ARScorer or None
+  scorer_dir: str
+  same_tokenizer: bool
+  target_entropy: float  # Unigram entropy of the validation text (nats).
+  trained_length: int
+
+
+def load(config, workdir: str, opts: Options) -> Loaded:
+  """The run in `workdir` at config.data.seq_len, its scorer and target."""
   from ddlm_jax.evaluation.sample_metrics import ARScorer, sample_quality
   from ddlm_jax.evaluation.sample_run import reference_texts
   from ddlm_jax.tasks.language_model import load_config, load_run
@@ -388,30 +401,55 @@ def frontier(config, workdir: str, opts: Options) -> dict:
   refs = reference_texts(run, opts.num_samples)
   ref_tokens = [run.data.tokenizer.encode(t) for t in refs]
   reference = sample_quality(refs, ref_tokens)
-  target = reference['unigram_entropy_nats']
-  points, skipped = grid_for(run, opts)
+  return Loaded(
+    run, scorer, scorer_dir, same, reference['unigram_entropy_nats'],
+    trained_length,
+  )  # fmt: skip
+
+
+def measure(loaded: Loaded, points, opts: Options, skipped: list) -> list:
+  """One row per point (over opts.temperatures); failures go to skipped."""
   rows = []
   for point in points:
     sweep = {}
     for temperature in opts.temperatures:
       try:
         sweep[temperature] = _measure(
-          run, point, temperature, opts, scorer, same
+          loaded.run,
+          point,
+          temperature,
+          opts,
+          loaded.scorer,
+          loaded.same_tokenizer,
         )
       except (ValueError, TypeError) as err:
         skipped.append({'name': point_label(point), 'reason': str(err)})
         break
     if len(sweep) < len(opts.temperatures):
       continue
-    row = _summarise(point, sweep, target)
+    row = _summarise(point, sweep, loaded.target_entropy)
     rows.append(row)
     print(_line(row), flush=True)
+  return rows
+
+
+def frontier(config, workdir: str, opts: Options) -> dict:
+  """Runs the frontier; writes and returns {'rows', 'curves', ...}."""
+  loaded = load(config, workdir, opts)
+  points, skipped = grid_for(loaded.run, opts)
+  rows = measure(loaded, points, opts, skipped)
+  return write(loaded, workdir, rows, skipped, opts)
+
+
+def write(loaded: Loaded, workdir: str, rows, skipped, opts: Options) -> dict:
+  """OUT/frontier.json, .md and .png of measured rows; returns the JSON."""
   curves = _curves(rows)
+  target = loaded.target_entropy
   result = {
     'workdir': workdir,
-    'scorer': scorer_dir,
-    'length': length,
-    'trained_length': trained_length,
+    'scorer': loaded.scorer_dir,
+    'length': int(loaded.run.settings.data.seq_len),
+    'trained_length': loaded.trained_length,
     'target_entropy': target,
     'temperatures': list(opts.temperatures),
     'seeds': list(opts.seeds),

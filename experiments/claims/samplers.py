@@ -1,5 +1,6 @@
-"""Sampler papers: EB-sampler (arXiv 2505.24857), ReMDM (arXiv 2503.00307)
-and model scheduling (arXiv 2604.02340), on the quickstart models.
+"""Sampler papers: EB-sampler (arXiv 2505.24857), ReMDM (arXiv 2503.00307),
+model scheduling (arXiv 2604.02340) and Fast-dLLM (arXiv 2505.22618), on the
+quickstart models.
 
 Sample quality is AR-twin generative perplexity; each comparison of it is
 entropy-matched (``ENTROPY_TOL``) unless the sampler's own output fixes the
@@ -11,12 +12,24 @@ from experiments.claims.spec import (
   ENTROPY_TOL,
   EQUAL_NFE,
   MATCHED_ENTROPY,
+  NAMED_BASELINE,
   TARGET,
   Claim,
 )
 from experiments.claims.verdict import Compare, Threshold
 
 _SWEEP = 'python -m experiments.sweep_samplers'
+# Fast-dLLM's figures, one command for the four claims (3 training seeds of
+# the long BPE quickstart, after its AR twin ar_quickstart_bpe.py:long).
+_FAST = (
+  'python -m experiments.benchmarks.fast_decoding '
+  '--workdir=runs/quickstart_bpe_long_s0 --workdir=runs/quickstart_bpe_long_s1 '
+  '--workdir=runs/quickstart_bpe_long_s2 --record (runs/quickstart_bpe_long_sS:'
+  ' python -m experiments.run --config=experiments/configs/quickstart_bpe.py'
+  ':long --workdir=runs/quickstart_bpe_long_sS --config.seed=S)'
+)
+_FAST_MINUTES = 60
+_FAST_PENDING = 'queued: 3 training seeds of quickstart_bpe.py:long, ~60 min'
 # Parameters of our models over the papers' (LLaDA / Dream, ~8B).
 _SCALE = 1e6 / 8e9
 
@@ -158,5 +171,66 @@ CLAIMS = (
       " --light=runs/light --samplers='scheduled:pattern=...'"
     ),
     cost_minutes=30,
+  ),
+  *(
+    Claim(
+      id=id_,
+      family='word level',
+      paper='Fast-dLLM',
+      arxiv='2505.22618',
+      table=table,
+      statement=statement,
+      paper_value=value,
+      metric=metric,
+      protocol=protocol,
+      rule=rule,
+      command=_FAST,
+      budget_fraction=_SCALE,
+      cost_minutes=_FAST_MINUTES,
+      pending=_FAST_PENDING,
+    )
+    for id_, table, statement, value, metric, protocol, rule in (
+      (
+        'threshold-tokens-per-call',
+        'parallel decoding (LLaDA, GSM8K)',
+        'Confidence-threshold parallel decoding at threshold 0.9 reveals '
+        '>= 3 tokens per network call (BPE, length 256).',
+        'parallel decoding alone 4-6x throughput',
+        'tokens per network call at temperature 1',
+        TARGET,
+        Threshold('threshold 0.9', 3.0, '>='),
+      ),
+      (
+        'threshold-gen-nll',
+        'parallel decoding (LLaDA, GSM8K)',
+        'Threshold 0.9 keeps the AR-twin gen-NLL within 2% of one token per '
+        'call (T = L = 256) at matched entropy.',
+        'small accuracy loss',
+        'gen-NLL ratio, threshold 0.9 / one token per call',
+        MATCHED_ENTROPY,
+        Threshold('gen-NLL ratio', 1.02, '<='),
+      ),
+      (
+        'dual-cache-speedup',
+        'KV cache (LLaDA, GSM8K)',
+        'The approximate dual KV cache (refreshed per 32-token block) gives '
+        '>= 2x tokens/s over the same block-wise decoding without a cache '
+        '(length 512, this CPU).',
+        'KV cache alone 2-3.6x throughput',
+        'tokens/s ratio, dual cache / no cache',
+        NAMED_BASELINE,
+        Threshold('speedup', 2.0, '>='),
+      ),
+      (
+        'dual-cache-gen-nll',
+        'KV cache (LLaDA, GSM8K)',
+        'The dual cache keeps the AR-twin gen-NLL within 2% of no cache at '
+        'matched entropy (length 512).',
+        'small accuracy loss',
+        'gen-NLL ratio, dual cache / no cache',
+        MATCHED_ENTROPY,
+        Threshold('gen-NLL ratio', 1.02, '<='),
+      ),
+    )
   ),
 )

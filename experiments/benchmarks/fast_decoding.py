@@ -1,0 +1,380 @@
+"""Fast-dLLM's decoding figures on trained runs, one per training seed.
+
+  python -m experiments.benchmarks.fast_decoding \
+    --workdir=runs/quickstart_bpe_long_s0 \
+    --workdir=runs/quickstart_bpe_long_s1 \
+    --workdir=runs/quickstart_bpe_long_s2 \
+    [--scorer=runs/quickstart_bpe_long_ar] [--num_samples=16] \
+    [--cache_samples=8] [--repeats=3] [--out=DIR] [--record]
+
+(The runs: `python -m experiments.run
+--config=experiments/configs/quickstart_bpe.py:long --workdir=RUN
+--config.seed=S` after its AR twin `ar_quickstart_bpe.py:long`.)
+
+Fast-dLLM (arXiv 2505.22618) reports two things for bidirectional masked
+models: confidence-threshold parallel decoding (threshold 0.9) reveals
+several tokens per network call at almost the quality of one token per
+step, and its approximate dual KV cache multiplies tokens/s again at small
+quality loss. Per workdir this measures both with the registered samplers:
+
+* threshold, at --threshold_length (256) tokens: the `threshold` sampler at
+  threshold 1.0 (one token per call, T = L) and 0.9: tokens per call at
+  temperature 1 and the AR twin's gen-NLL at matched entropy (the frontier's
+  temperature sweep, interpolated at the validation text's unigram entropy).
+* cache, at --cache_length (512) tokens: `approx_cache` in 32-token blocks
+  with the same threshold-0.9 rule, cache 'none' (every call a full pass)
+  against 'dual' refreshed at block starts (Fast-dLLM's setting): matched
+  gen-NLL, the cache-error meter (KL of cached against exact logits at the
+  positions read), and tokens/s of the two compiled samplers timed in
+  alternating rounds (ABBA..., best of --repeats) on --cache_samples rows.
+
+Each part's rows are also written as a frontier table and plot
+(OUT/sS/threshold_L, OUT/sS/cache_L). `--record` writes the four claim
+records (experiments/claims/samplers.py: threshold-tokens-per-call,
+threshold-gen-nll, dual-cache-speedup, dual-cache-gen-nll), one value
+per training seed. Timings mean something only on an idle host: the
+record's notes carry the load average seen during the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import time
+
+import numpy as np
+
+from experiments import frontier
+
+THRESHOLD = 0.9
+BLOCK = 32  # Fast-dLLM's block length.
+TEMPERATURES = (0.8, 0.9, 1.0)
+
+
+def _config_at(workdir: str, length: int):
+  from ddlm_jax.tasks.language_model import load_config
+
+  config = load_config(workdir)
+  config.data.seq_len = length
+  return config
+
+
+def _seed_of(workdir: str) -> int:
+  from ddlm_jax.tasks.language_model import load_config
+
+  return int(load_config(workdir).seed)
+
+
+def _point(curve: str, knob: str, params: dict, name: str) -> dict:
+  return {'name': name, 'curve': curve, 'knob': knob, 'params': params}
+
+
+def threshold_points() -> list[dict]:
+  """One token per call (threshold 1.0) and the parallel rule (0.9)."""
+  return [
+    _point('threshold', 'threshold', {'threshold': t}, 'threshold')
+    for t in (1.0, THRESHOLD)
+  ]
+
+
+def cache_points() -> list[dict]:
+  """Block-wise threshold decoding without a cache and with the dual one."""
+  base = {'block_length': BLOCK, 'threshold': THRESHOLD}
+  return [
+    _point('approx_cache none', '', {**base, 'cache': 'none'}, 'approx_cache'),
+    _point(
+      'approx_cache dual',
+      'refresh',
+      {**base, 'cache': 'dual', 'refresh': 0},
+      'approx_cache',
+    ),
+  ]
+
+
+def _part(workdir, length, points, opts, out) -> list[dict]:
+  config = _config_at(workdir, length)
+  loaded = frontier.load(config, workdir, opts)
+  skipped: list = []
+  rows = frontier.measure(loaded, points, opts, skipped)
+  if skipped:
+    raise ValueError(f'{workdir}: points failed: {skipped}')
+  frontier.write(loaded, workdir, rows, skipped, opts_with(opts, out=out))
+  return rows, loaded
+
+
+def opts_with(opts: frontier.Options, **changes) -> frontier.Options:
+  import dataclasses
+
+  return dataclasses.replace(opts, **changes)
+
+
+def alternating_speed(loaded, points, num_samples: int, repeats: int):
+  """Tokens/s of each point's sampler (T = 1), timed ABBA... after compiling.
+
+  Returns [(best seconds, median seconds, NFE)] in points' order.
+  """
+  import jax
+
+  from ddlm_jax.evaluation.sample_run import make_apply
+  from ddlm_jax.sampling.registry import get_sampler
+  from experiments.benchmarks.samplers import timed_rounds
+
+  run = loaded.run
+  model = make_apply(run.graphdef, run.eval_params())
+  length = int(run.settings.data.seq_len)
+  fns = []
+  for point in points:
+    sampler = get_sampler(point['name'], **point['params'])
+
+    def fn(key, sampler=sampler):
+      out = sampler.generate(
+        model, key, run.process, batch=num_samples, length=length
+      )
+      return out.tokens_BxL, out.nfe
+
+    fns.append(jax.jit(fn))
+  return timed_rounds(fns, jax.random.key(0), repeats)
+
+
+def measure_workdir(workdir: str, args) -> dict:
+  """Both parts for one training seed's run."""
+  seed = _seed_of(workdir)
+  opts = frontier.Options(
+    scorer=args.scorer,
+    temperatures=TEMPERATURES,
+    num_samples=args.num_samples,
+    seeds=(0,),
+  )
+  out = os.path.join(args.out, f's{seed}')
+  t0 = time.perf_counter()
+  thr_rows, _ = _part(
+    workdir,
+    args.threshold_length,
+    threshold_points(),
+    opts,
+    os.path.join(out, f'threshold_{args.threshold_length}'),
+  )
+  cache_opts = opts_with(opts, num_samples=args.cache_samples)
+  cache_rows, loaded = _part(
+    workdir,
+    args.cache_length,
+    cache_points(),
+    cache_opts,
+    os.path.join(out, f'cache_{args.cache_length}'),
+  )
+  timing = alternating_speed(
+    loaded, cache_points(), args.cache_samples, args.repeats
+  )
+  tokens = args.cache_samples * args.cache_length
+  one, par = thr_rows
+  none, dual = cache_rows
+  (none_best, none_med, none_nfe), (dual_best, dual_med, dual_nfe) = timing
+  result = {
+    'workdir': workdir,
+    'seed': seed,
+    'threshold': {
+      'length': args.threshold_length,
+      'one_per_call': _brief(one),
+      f'threshold_{THRESHOLD}': _brief(par),
+      'gen_nll_ratio': par['gen_nll_matched'] / one['gen_nll_matched'],
+    },
+    'cache': {
+      'length': args.cache_length,
+      'none': _brief(none),
+      'dual': {**_brief(dual), 'meter': dual.get('meter')},
+      'gen_nll_ratio': dual['gen_nll_matched'] / none['gen_nll_matched'],
+      'timing': {
+        'rows': args.cache_samples,
+        'repeats': args.repeats,
+        'none_seconds_best': none_best,
+        'none_seconds_median': none_med,
+        'dual_seconds_best': dual_best,
+        'dual_seconds_median': dual_med,
+        'none_nfe': none_nfe,
+        'dual_nfe': dual_nfe,
+        'none_tokens_per_sec': tokens / none_best,
+        'dual_tokens_per_sec': tokens / dual_best,
+        'speedup': none_best / dual_best,
+        'speedup_median': none_med / dual_med,
+      },
+    },
+    'seconds': time.perf_counter() - t0,
+    'load_average': os.getloadavg(),
+  }
+  print(json.dumps(result, indent=1), flush=True)
+  return result
+
+
+def _brief(row: dict) -> dict:
+  keys = (
+    'nfe', 'tokens_per_call', 'tokens_per_sec', 'entropy', 'gen_nll',
+    'gen_nll_matched', 'entropy_gap',
+  )  # fmt: skip
+  return {k: row[k] for k in keys if k in row}
+
+
+# -------------------------------------------------------------- records --
+
+_CLAIM_IDS = (
+  'threshold-tokens-per-call',
+  'threshold-gen-nll',
+  'dual-cache-speedup',
+  'dual-cache-gen-nll',
+)
+
+
+def claim_records(results: list[dict], command: str, repo: str) -> list:
+  """The four claim records of `results` (one value per training seed)."""
+  from experiments.claims import records
+
+  seeds = [r['seed'] for r in results]
+  loads = [round(float(x), 2) for r in results for x in r['load_average'][:1]]
+
+  def values(path):
+    out = []
+    for r in results:
+      v = r
+      for key in path:
+        v = v[key]
+      out.append(float(v))
+    return out
+
+  thr = f'threshold_{THRESHOLD}'
+  kl_mean = values(('cache', 'dual', 'meter', 'kl_mean'))
+  kl_max = values(('cache', 'dual', 'meter', 'kl_max'))
+  common_notes = (
+    f'Runs: {", ".join(r["workdir"] for r in results)}; '
+    f'1-minute load average at the end of each seed: {loads}.'
+  )
+  arms = {
+    _CLAIM_IDS[0]: {
+      f'threshold {THRESHOLD}': values(('threshold', thr, 'tokens_per_call')),
+      'one per call': values(('threshold', 'one_per_call', 'tokens_per_call')),
+    },
+    _CLAIM_IDS[1]: {
+      'gen-NLL ratio': values(('threshold', 'gen_nll_ratio')),
+      f'threshold {THRESHOLD}': values(('threshold', thr, 'gen_nll_matched')),
+      'one per call': values(('threshold', 'one_per_call', 'gen_nll_matched')),
+    },
+    _CLAIM_IDS[2]: {
+      'speedup': values(('cache', 'timing', 'speedup')),
+      'dual tokens/s': values(('cache', 'timing', 'dual_tokens_per_sec')),
+      'none tokens/s': values(('cache', 'timing', 'none_tokens_per_sec')),
+    },
+    _CLAIM_IDS[3]: {
+      'gen-NLL ratio': values(('cache', 'gen_nll_ratio')),
+      'dual': values(('cache', 'dual', 'gen_nll_matched')),
+      'none': values(('cache', 'none', 'gen_nll_matched')),
+    },
+  }
+  notes = {
+    _CLAIM_IDS[0]: 'Tokens per network call at temperature 1, length '
+    f'{results[0]["threshold"]["length"]}.',
+    _CLAIM_IDS[1]: 'AR-twin gen-NLL (nats/token) at matched unigram entropy '
+    f'(temperatures {list(TEMPERATURES)}), length '
+    f'{results[0]["threshold"]["length"]}; ratio threshold / one per call.',
+    _CLAIM_IDS[2]: 'Best of alternating rounds, compiled first; dual cache '
+    f'refreshed at block starts, blocks of {BLOCK}, threshold {THRESHOLD}; '
+    f'cache-error meter KL mean {kl_mean}, max {kl_max} (approximate).',
+    _CLAIM_IDS[3]: 'AR-twin gen-NLL at matched entropy, dual cache against '
+    f'no cache with the same block-wise threshold-{THRESHOLD} rule; meter '
+    f'KL mean {kl_mean}, max {kl_max}.',
+  }
+  date = datetime.datetime.now(datetime.UTC)
+  out = []
+  for claim in _CLAIM_IDS:
+    out.append(
+      {
+        'claim': claim,
+        'source': 'python -m experiments.benchmarks.fast_decoding',
+        'commit': records.git_commit(repo),
+        'date': date.strftime('%Y-%m-%d %H:%M UTC'),
+        'host': records.host_info(),
+        'command': command,
+        'budget': 'cpu',
+        'budget_fraction': None,
+        'seed_kind': 'training',
+        'seeds': seeds,
+        'arms': {
+          name: {'seeds': seeds, 'values': vals}
+          for name, vals in arms[claim].items()
+        },
+        'notes': f'{notes[claim]} {common_notes}',
+      }
+    )
+  return out
+
+
+def make_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[1])
+  p.add_argument('--workdir', action='append', required=True)
+  p.add_argument('--scorer', default='', help='AR twin (default: the config)')
+  p.add_argument('--num_samples', type=int, default=16)
+  p.add_argument('--cache_samples', type=int, default=8)
+  p.add_argument('--threshold_length', type=int, default=256)
+  p.add_argument('--cache_length', type=int, default=512)
+  p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--out', default='runs/fast_decoding')
+  p.add_argument('--record', action='store_true')
+  return p
+
+
+def check_args(args) -> None:
+  """One-line errors before any run is loaded."""
+  from ddlm_jax.tasks.language_model import load_config
+
+  if min(args.num_samples, args.cache_samples, args.repeats) < 1:
+    raise ValueError(
+      '--num_samples, --cache_samples and --repeats must be >= 1'
+    )
+  if args.cache_length % BLOCK or args.threshold_length < 1:
+    raise ValueError(
+      f'--cache_length={args.cache_length} must be a multiple of the '
+      f'{BLOCK}-token block; --threshold_length must be positive.'
+    )
+  for workdir in args.workdir:
+    load_config(workdir)  # FileNotFoundError naming a missing run.
+  seeds = [_seed_of(w) for w in args.workdir]
+  if len(set(seeds)) != len(seeds):
+    raise ValueError(
+      f'--workdir runs share training seeds {seeds}: give one run per seed.'
+    )
+
+
+def main(argv=None) -> list[dict]:
+  import shlex
+  import sys
+
+  args = make_parser().parse_args(argv)
+  try:
+    check_args(args)
+  except (ValueError, FileNotFoundError) as err:
+    print(f'error: {err}', file=sys.stderr)
+    raise SystemExit(2) from None
+  results = [measure_workdir(w, args) for w in args.workdir]
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, 'fast_decoding.json'), 'w') as f:
+    json.dump(results, f, indent=1)
+  speed = [r['cache']['timing']['speedup'] for r in results]
+  tpc = [
+    r['threshold'][f'threshold_{THRESHOLD}']['tokens_per_call'] for r in results
+  ]
+  print(f'threshold {THRESHOLD}: tokens/call {np.round(tpc, 2).tolist()}')
+  print(f'dual cache speed-up: {np.round(speed, 2).tolist()}')
+  if args.record:
+    from experiments.claims import records
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    command = 'python -m experiments.benchmarks.fast_decoding ' + ' '.join(
+      shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
+    )
+    stamp = datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')
+    for record in claim_records(results, command, repo):
+      print(records.write(record, stamp, records.RECORDS_DIR))
+  return results
+
+
+if __name__ == '__main__':
+  main()
