@@ -271,6 +271,10 @@ def _evidence(claim: spec.Claim, rec: dict | None) -> list[str]:
   if rec.get('notes'):
     lines.append(rec['notes'])
   lines.append('')
+  for figure in rec.get('figures', ()):
+    # Paths are relative to the repository; RESULTS.md lives in docs/.
+    lines.append(f'![{claim.id}]({os.path.relpath(figure, "docs")})')
+    lines.append('')
   lines.append('```')
   lines.append(rec['command'])
   lines.append('```')

@@ -243,6 +243,9 @@ def test_committed_records_are_valid_and_every_verdict_is_computed():
     c.id for c in registry.CLAIMS.values() if c.pending and c.id in latest
   ]
   assert not stale, stale
+  for rec in latest.values():  # Figures RESULTS shows exist.
+    for figure in rec.get('figures', ()):
+      assert os.path.isfile(os.path.join(ROOT, figure)), (rec['claim'], figure)
 
 
 def test_a_record_without_values_is_refused(tmp_path):
@@ -260,6 +263,10 @@ def test_a_record_without_values_is_refused(tmp_path):
   del bad['command']
   with pytest.raises(ValueError, match='command'):
     records.validate(bad)
+  good = {**bad, 'command': 'c', 'arms': {'a': {'values': [1.0]}}}
+  records.validate({**good, 'figures': ['docs/images/f.png']})
+  with pytest.raises(ValueError, match='under docs/images'):
+    records.validate({**good, 'figures': ['/tmp/f.png']})
 
 
 def test_results_doc_is_generated_from_the_records():

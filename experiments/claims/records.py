@@ -8,7 +8,9 @@ A record is one JSON file in ``experiments/claims/records/`` named
   'smoke' or 'as published'), budget_fraction (ours over the paper's, or
   null), seed_kind ('training', 'sampling', 'rounds'), arms {name:
   {seeds, values, stderr?, entropy?} or, where only a summary was
-  published, {mean, sd or se, n, entropy?}}, exact_test {test, passed}?, notes.
+  published, {mean, sd or se, n, entropy?}}, exact_test {test, passed}?, notes,
+  figures? (paths under docs/images, relative to the repository, that
+  docs/RESULTS.md shows under the claim).
 
 Records transcribed from earlier measurements say so in ``source``; their
 verdicts are computed by the same rules as new ones.
@@ -35,6 +37,12 @@ def validate(record: dict[str, Any]) -> None:
       f'record for {record.get("claim", "?")} lacks {missing}; every record '
       f'needs {REQUIRED}'
     )
+  for figure in record.get('figures', ()):
+    if not figure.startswith('docs/images/'):
+      raise ValueError(
+        f'record {record["claim"]}: figure {figure!r} must be a path under '
+        'docs/images/ (relative to the repository)'
+      )
   for name, arm in record['arms'].items():
     values = arm.get('values')
     if not values and arm.get('mean') is None:
