@@ -138,3 +138,37 @@ def test_batch_rule_splits_batch():
     ),
   )
   assert x.addressable_shards[0].data.shape == (2, 4)
+
+
+def test_experts_split_over_the_tensor_axis_and_match_one_device():
+  from flax import nnx
+
+  from ddlm_jax.models.moe import Experts, TopKRouter
+  from ddlm_jax.training.state import module_init, param_shardings, split_model
+
+  class MoE(nnx.Module):
+    def __init__(self, *, rngs):
+      self.router = TopKRouter(32, 4, 2, rngs=rngs)
+      self.experts = Experts(32, 16, 4, rngs=rngs)
+
+    def __call__(self, x_NxD):
+      return self.experts(x_NxD, *self.router(x_NxD))
+
+  graphdef, abstract = split_model(MoE)
+  mesh = make_mesh((2, 2, 2))
+  shardings = param_shardings(abstract, mesh)
+  P = jax.sharding.PartitionSpec
+  assert shardings['experts']['gate_up'].spec == P('tensor', 'fsdp', None)
+  assert shardings['experts']['down'].spec == P('tensor', None, 'fsdp')
+  params = module_init(MoE)(jax.random.key(0))
+  x_NxD = jax.random.normal(jax.random.key(1), (8, 32))
+
+  def apply(p, x):
+    return nnx.merge(graphdef, nnx.State(p))(x)
+
+  want = jax.jit(apply)(params, x_NxD)
+  sharded = jax.device_put(params, shardings)
+  shard = sharded['experts']['gate_up'].addressable_shards[0].data.shape
+  assert shard == (2, 16, 32)  # 4 experts over 2, width 32 over 2
+  got = jax.jit(apply)(sharded, x_NxD)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)

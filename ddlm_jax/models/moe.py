@@ -57,7 +57,7 @@ class TopKRouter(nnx.Module):
     )  # fmt: skip
     self.scale = param(rngs, nnx.initializers.ones, (dim,), ('embed',), dtype)
     self.per_expert_scale = param(
-      rngs, nnx.initializers.ones, (num_experts,), (None,), dtype
+      rngs, nnx.initializers.ones, (num_experts,), ('expert',), dtype
     )
 
   def __call__(self, x_NxD: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -87,12 +87,13 @@ class Experts(nnx.Module):
     init_std: float = 0.02,
   ):
     init = nnx.initializers.normal(stddev=init_std)
-    # Kernels are [E, in, out]; the expert axis has no sharding rule.
+    # Kernels are [E, in, out]; experts split over the 'expert' rule.
     self.gate_up = param(
-      rngs, init, (num_experts, dim, 2 * hidden), (None, 'embed', 'mlp'), dtype
-    )
+      rngs, init, (num_experts, dim, 2 * hidden), ('expert', 'embed', 'mlp'),
+      dtype,
+    )  # fmt: skip
     self.down = param(
-      rngs, init, (num_experts, hidden, dim), (None, 'mlp', 'embed'), dtype
+      rngs, init, (num_experts, hidden, dim), ('expert', 'mlp', 'embed'), dtype
     )
     self.num_experts, self.hidden = num_experts, hidden
 

@@ -14,7 +14,10 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-# FSDP splits the model width; tensor parallelism splits heads, MLP and vocab.
+# FSDP splits the model width; tensor parallelism splits heads, MLP and vocab,
+# and the experts of a mixture-of-experts layer (expert parallelism on the
+# tensor axis: an expert kernel [E, in, out] then keeps its MLP axis whole,
+# since one mesh axis splits one dimension).
 DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
   'batch': ('data', 'fsdp'),
   'length': None,
@@ -29,6 +32,7 @@ DEFAULT_RULES: dict[str, str | tuple[str, ...] | None] = {
   'state': None,
   'dict': None,
   'classes': None,
+  'expert': 'tensor',
 }
 
 
