@@ -230,6 +230,7 @@ def render(records_dir: str = records.RECORDS_DIR) -> str:
     '`tests/test_attention_backends.py`); none has run on an accelerator.'
   )
   out.append('')
+  out.extend(_figures())
   out.append('## Evidence by family\n')
   for family in registry.FAMILIES:
     members = [c for c in registry.CLAIMS.values() if c.family == family]
@@ -239,6 +240,20 @@ def render(records_dir: str = records.RECORDS_DIR) -> str:
     for claim in members:
       out.extend(_evidence(claim, latest.get(claim.id)))
   return '\n'.join(out).rstrip() + '\n'
+
+
+def _figures() -> list[str]:
+  from experiments.claims.figures import FIGURES
+
+  if not FIGURES:
+    return []
+  lines = ['## Figures\n']
+  for fig in FIGURES:
+    lines.append(f'### {fig.title}\n')
+    lines.append(f'![{fig.title}]({os.path.relpath(fig.path, "docs")})\n')
+    lines.append(f'{fig.caption} Drawn {fig.drawn} by:\n')
+    lines += ['```', fig.command, '```', '']
+  return lines
 
 
 def _evidence(claim: spec.Claim, rec: dict | None) -> list[str]:

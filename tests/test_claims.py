@@ -243,6 +243,11 @@ def test_committed_records_are_valid_and_every_verdict_is_computed():
     c.id for c in registry.CLAIMS.values() if c.pending and c.id in latest
   ]
   assert not stale, stale
+  from experiments.claims.figures import FIGURES
+
+  for fig in FIGURES:
+    assert fig.path.startswith('docs/images/'), fig.path
+    assert os.path.isfile(os.path.join(ROOT, fig.path)), fig.path
   for rec in latest.values():  # Figures RESULTS shows exist.
     for figure in rec.get('figures', ()):
       assert os.path.isfile(os.path.join(ROOT, figure)), (rec['claim'], figure)
