@@ -188,9 +188,9 @@ def other_group_mask(query_groups_BxN, key_groups_BxS):
 class CrossContext:
   """What a decoder block's cross-attention reads besides its queries."""
 
-  memory_BxSxD: jax.Array
-  key_positions_BxS: jax.Array
-  query_positions_BxN: jax.Array
+  memory_BxSxD: jax.Array  # noqa: N815
+  key_positions_BxS: jax.Array  # noqa: N815
+  query_positions_BxN: jax.Array  # noqa: N815
   mask: Any  # a pallas_kernels.MaskSpec over S + 1 keys (the sink last)
 
 

@@ -119,7 +119,7 @@ def encoder_buckets(
   floor(j (length - known) / T) of them, rounded up to the grid of
   `buckets` capacities.
   """
-  grid = sorted({max(1, -(-length * (i + 1) // buckets)) for i in range(buckets)})
+  grid = sorted({-(-length * (i + 1) // buckets) for i in range(buckets)})
   out: list[tuple[int, int, int]] = []
   for j in range(num_steps):
     need = min(length, known + j * (length - known) // num_steps)

@@ -68,5 +68,6 @@ def get_config(preset: str = ''):
   if preset == 'smoke':
     c.model.depth = 2  # One encoder and one decoder block.
   set_pgm_model(c, decoder_depth=c.model.depth // 2)
-  c.sample.sampler = 'pgm'
+  # Smoke: two encoder lengths instead of eight (fewer programs to compile).
+  c.sample.sampler = 'pgm:buckets=2' if preset == 'smoke' else 'pgm'
   return c
