@@ -451,8 +451,8 @@ def test_smoke_trains_evaluates_and_samples(tmp_path):
   summary = json.loads((tmp_path / 'summary.json').read_text())
   assert summary['status'] == 'ok'
   _run(tmp_path, '--mode=eval')
-  _run(tmp_path, '--mode=sample', '--config.sample.steps=8')
-  stats = json.loads((tmp_path / 'sample_stats.json').read_text())
+  _run(tmp_path, '--mode=sample', config, '--config.sample.steps=8')
+  stats = json.loads((tmp_path / 'sample_stats_2.json').read_text())
   assert stats['sampler'] == 'pgm' and stats['steps'] == 8
   assert stats['nfe'] == 8
   # FLOPs from the work done: below eight full passes of the network.
