@@ -457,3 +457,22 @@ def test_smoke_trains_evaluates_and_samples(tmp_path):
   assert stats['nfe'] == 8
   # FLOPs from the work done: below eight full passes of the network.
   assert 0 < stats['flops_per_sample'] < 8 * stats['flops_per_call'][0] / 2
+
+
+def test_remat_keeps_the_loss_and_its_gradient():
+  process = PGMDiffusion(LogLinearSchedule(), 7)
+  x_BxL = jax.random.randint(jax.random.key(4), (2, 8), 0, 7)
+  out = []
+  for remat in (False, True):
+    cfg = PGMConfig(vocab_size=7, width=32, depth=2, decoder_depth=1,
+                    num_heads=2, remat=remat)  # fmt: skip
+    graphdef, params = nnx.split(PGM(cfg, rngs=nnx.Rngs(0)))
+
+    def loss(params, graphdef=graphdef):
+      net = nnx.merge(graphdef, params)
+      return process.loss(net, jax.random.key(5), x_BxL)[0].mean()
+
+    out.append(jax.value_and_grad(loss)(params))
+  np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(out[0][1]), jax.tree.leaves(out[1][1])):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -77,6 +77,7 @@ DEFAULTS = {
   'mlp_kind': 'swiglu',
   'rope_theta': 10_000.0,
   'dtype': 'float32',
+  'remat': False,
 }
 # Group id of the sink key in the decoder's group mask (groups are 0, 1).
 SINK_GROUP = 2
@@ -102,6 +103,7 @@ class PGMConfig:
   rope_theta: float = 10_000.0
   attention_impl: str = 'xla'
   dtype: str = 'float32'
+  remat: bool = False  # Rematerialise each block in the backward pass.
 
   def __post_init__(self):
     for name in ('vocab_size', 'width', 'depth', 'num_heads'):
@@ -328,9 +330,15 @@ class PGM(nnx.Module):
       positions_L=positions_BxN,
     )
     x_BxNxD = self.embed(tokens_BxN.astype(jnp.int32))
+    call = self._call_block(ctx)
     for block in self.encoder:
-      x_BxNxD = block(x_BxNxD, None, ctx)
+      x_BxNxD = call(block, x_BxNxD)
     return self.encoder_norm(x_BxNxD)
+
+  def _call_block(self, ctx):
+    """block(x) with the context closed over (remat traces arrays only)."""
+    call = lambda block, x: block(x, None, ctx)
+    return nnx.remat(call) if self.cfg.remat else call
 
   def decode(
     self,
@@ -349,8 +357,9 @@ class PGM(nnx.Module):
       mask=other_group_mask(query_groups_BxN, key_groups_BxS),
     )
     x_BxNxD = self.swap(query_positions_BxN)
+    call = self._call_block(ctx)
     for block in self.decoder:
-      x_BxNxD = block(x_BxNxD, None, ctx)
+      x_BxNxD = call(block, x_BxNxD)
     return self.head(self.final_norm(x_BxNxD)).astype(jnp.float32)
 
   def partition_logits(
@@ -403,6 +412,7 @@ def run_model_config(model: Mapping[str, Any], process) -> PGMConfig:
     rope_theta=float(m['rope_theta']),
     attention_impl=str(model.get('attention_impl', 'xla')),
     dtype=str(m['dtype']),
+    remat=bool(m['remat']),
   )
 
 

@@ -45,7 +45,7 @@ from experiments.configs.common import check_preset, set_process
 # Keys of the transformer and hybrid backbones the 'pgm' backbone has no
 # use for (it refuses unknown keys, so a typo cannot pass unnoticed).
 _NOT_PGM = (
-  'cond_dim', 'tied_embeddings', 'remat', 'pattern', 'ssm_kind',
+  'cond_dim', 'tied_embeddings', 'pattern', 'ssm_kind',
   'state_size', 'num_dict', 'scan_impl',
 )  # fmt: skip
 
