@@ -472,7 +472,7 @@ def test_remat_keeps_the_loss_and_its_gradient():
       net = nnx.merge(graphdef, params)
       return process.loss(net, jax.random.key(5), x_BxL)[0].mean()
 
-    out.append(jax.value_and_grad(loss)(params))
+    out.append(jax.jit(jax.value_and_grad(loss))(params))
   np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-6)
   for a, b in zip(jax.tree.leaves(out[0][1]), jax.tree.leaves(out[1][1])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
