@@ -20,6 +20,7 @@ from ddlm_jax.diffusion.duo import DuoDiffusion
 from ddlm_jax.diffusion.interpolating import InterpolatingDiffusion
 from ddlm_jax.diffusion.masked import MaskedDiffusion
 from ddlm_jax.diffusion.mix_scale import MixScaleBlockDiffusion
+from ddlm_jax.diffusion.pgm import PGMDiffusion
 from ddlm_jax.diffusion.prime import PrimeDiffusion
 from ddlm_jax.diffusion.schedules import Schedule, get_schedule
 from ddlm_jax.diffusion.sft import ResponseMaskedDiffusion
@@ -36,6 +37,7 @@ __all__ = [
   'InterpolatingDiffusion',
   'MaskedDiffusion',
   'MixScaleBlockDiffusion',
+  'PGMDiffusion',
   'PlannerProcess',
   'PrimeDiffusion',
   'Process',

@@ -154,10 +154,10 @@ def draw_samples(
   total = tokens.shape[0]
   stats = throughput(total, tokens.shape[1], seconds, nfe)
   if work:
-    flops = sum(
-      block_sampling.estimate_flops(run.model_config, w, num_samples)
-      for w in work
-    )
+    # A sampler that counts work of its own kind converts it (PGM's
+    # encoder and decoder); block samplers count a Transformer's.
+    estimate = getattr(sampler, 'estimate_flops', block_sampling.estimate_flops)
+    flops = sum(estimate(run.model_config, w, num_samples) for w in work)
   else:
     flops = sum(cost.sampling_flops(n, flops_per_call) for n in nfes)
   stats.update(

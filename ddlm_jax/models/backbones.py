@@ -25,6 +25,7 @@ PROVIDERS = (
   'ddlm_jax.interop.llama_family',
   'ddlm_jax.models.dgemma_backbone',
   'ddlm_jax.models.dit',
+  'ddlm_jax.models.pgm',
 )
 
 

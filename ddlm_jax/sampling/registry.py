@@ -17,7 +17,8 @@ processes; prime_ancestral (sub-token ancestral sampling) for MDM-Prime
 processes; ddpd (planned denoising: apply = (planner_apply,
 denoiser_apply), nfe per network) for DDPD planner runs;
 entropy_bound_canvas (DiffusionGemma's canvas sampler) for
-'dgemma' processes.
+'dgemma' processes; pgm (random-order decoding, L / T positions per
+decoder call) for PGM processes.
 Each sampler's `families` says which; `samplers_for(family)` lists them. A
 spec string 'eb:gamma=0.1,temperature=0.9' or
 'psi:kappa=max_capped_eta,eta=0.01' holds a name and parameters in one
@@ -38,6 +39,7 @@ from ddlm_jax.sampling.ddpd import DDPDSampler
 from ddlm_jax.sampling.dgemma_canvas import EntropyBoundCanvasSampler
 from ddlm_jax.sampling.did import DiDSampler
 from ddlm_jax.sampling.llada import LLaDASampler
+from ddlm_jax.sampling.pgm import PGMSampler
 from ddlm_jax.sampling.prime import PrimeAncestralSampler
 from ddlm_jax.sampling.semi_ar import (
   INNER_SAMPLERS,
@@ -56,6 +58,7 @@ SAMPLERS: dict[str, type[Sampler]] = {
   PrimeAncestralSampler.name: PrimeAncestralSampler,
   DDPDSampler.name: DDPDSampler,
   EntropyBoundCanvasSampler.name: EntropyBoundCanvasSampler,
+  PGMSampler.name: PGMSampler,
 }
 # The incompatibility errors of Sampler.__call__ list names from this table.
 base.REGISTERED.update(SAMPLERS)

@@ -17,6 +17,7 @@ from experiments.claims import (
   evaluation,
   mdlm,
   pdssm,
+  pgm,
   planning,
   prime,
   project,
@@ -58,6 +59,7 @@ def _collect() -> dict[str, Claim]:
     prime,
     ddpd,
     dgemma,
+    pgm,
     evaluation,
   ):
     for claim in module.CLAIMS:

@@ -1,0 +1,107 @@
+"""PGM's sampling cost against MDLM's: FLOPs per sample and tokens/s.
+
+For each seed, one trained MDLM run and one trained PGM run of the same
+length draw samples at T = L (MDLM: the cached ancestral sampler, the
+suite's default; PGM: its random-order sampler, one position per decoder
+call), each compiled ahead and timed without compilation
+(`evaluation.sample_run.draw_samples`). The ratios MDLM / PGM of FLOPs
+per sample (the work each sampler counts) and PGM / MDLM of tokens/s are
+the values of claims `pgm-sampling-flops` and `pgm-sampling-speed`.
+
+  python -m experiments.benchmarks.pgm_sampling \
+    --mdlm=runs/pgm_claim/mdlm_{seed} --pgm=runs/pgm_claim/pgm_{seed} \
+    --seeds=0,1,2 --record
+
+Timings need an idle host: run nothing else meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+from ddlm_jax.evaluation.sample_run import draw_samples
+from ddlm_jax.sampling.registry import get_sampler
+from ddlm_jax.tasks.language_model import load_run
+from experiments.claims import records
+
+CLAIMS = ('pgm-sampling-flops', 'pgm-sampling-speed')
+
+
+def measure(mdlm_dir: str, pgm_dir: str, *, num_samples: int, seed: int):
+  """{'flops_ratio', 'speed_ratio', 'mdlm': stats, 'pgm': stats}."""
+  out = {}
+  for name, workdir, spec in (
+    ('mdlm', mdlm_dir, 'ancestral'),
+    ('pgm', pgm_dir, 'pgm'),
+  ):
+    run = load_run(workdir)
+    steps = run.settings.data.seq_len  # T = L
+    sampler = get_sampler(spec, num_steps=steps)
+    _, stats = draw_samples(run, sampler, num_samples=num_samples, seed=seed)
+    out[name] = {
+      k: stats[k]
+      for k in ('nfe', 'flops_per_sample', 'sample_tokens_per_sec', 'steps')
+    }
+  out['flops_ratio'] = (
+    out['mdlm']['flops_per_sample'] / out['pgm']['flops_per_sample']
+  )
+  out['speed_ratio'] = (
+    out['pgm']['sample_tokens_per_sec'] / out['mdlm']['sample_tokens_per_sec']
+  )
+  return out
+
+
+def record_of(claim: str, key: str, seeds, rows, command: str) -> dict:
+  """The claim's record: one arm 'ratio' with a value per seed."""
+  return {
+    'claim': claim,
+    'source': 'experiments.benchmarks.pgm_sampling',
+    'commit': records.git_commit('.'),
+    'date': datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d'),
+    'host': records.host_info(),
+    'command': command,
+    'budget': 'cpu',
+    'budget_fraction': None,
+    'seed_kind': 'training',
+    'arms': {'ratio': {'seeds': list(seeds), 'values': [r[key] for r in rows]}},
+    'notes': json.dumps(rows),
+  }
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--mdlm', required=True, help='workdir, {seed} filled')
+  parser.add_argument('--pgm', required=True, help='workdir, {seed} filled')
+  parser.add_argument('--seeds', default='0,1,2')
+  parser.add_argument('--num_samples', type=int, default=4)
+  parser.add_argument('--record', action='store_true')
+  args = parser.parse_args(argv)
+  seeds = [int(s) for s in args.seeds.split(',')]
+  rows = []
+  for seed in seeds:
+    row = measure(
+      args.mdlm.format(seed=seed),
+      args.pgm.format(seed=seed),
+      num_samples=args.num_samples,
+      seed=seed,
+    )
+    print(json.dumps({'seed': seed, **row}), flush=True)
+    rows.append(row)
+  if args.record:
+    command = 'python -m experiments.benchmarks.pgm_sampling ' + ' '.join(
+      sys.argv[1:] if argv is None else argv
+    )
+    tag = datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%S')
+    for claim, key in zip(CLAIMS, ('flops_ratio', 'speed_ratio')):
+      path = records.write(
+        record_of(claim, key, seeds, rows, command), tag, records.RECORDS_DIR
+      )
+      print(f'record: {path}')
+  return rows
+
+
+if __name__ == '__main__':
+  main()
