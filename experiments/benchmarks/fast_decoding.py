@@ -138,9 +138,29 @@ def alternating_speed(loaded, points, num_samples: int, repeats: int):
   return timed_rounds(fns, jax.random.key(0), repeats)
 
 
+SETTINGS = (
+  'scorer', 'num_samples', 'cache_samples', 'threshold_length',
+  'cache_length', 'repeats',
+)  # fmt: skip
+
+
 def measure_workdir(workdir: str, args) -> dict:
-  """Both parts for one training seed's run."""
+  """Both parts for one training seed's run, reused when already measured.
+
+  A seed's result is saved as OUT/sS/result.json with the settings it was
+  measured with; a later call with the same run and settings reads it back
+  instead of measuring again, so seeds can be measured as their runs finish
+  and the records written once all are in.
+  """
   seed = _seed_of(workdir)
+  settings = {k: getattr(args, k) for k in SETTINGS}
+  saved = os.path.join(args.out, f's{seed}', 'result.json')
+  if os.path.exists(saved):
+    with open(saved) as f:
+      old = json.load(f)
+    if old.get('settings') == settings and old.get('workdir') == workdir:
+      print(f'reusing {saved}', flush=True)
+      return old
   opts = frontier.Options(
     scorer=args.scorer,
     temperatures=TEMPERATURES,
@@ -202,8 +222,11 @@ def measure_workdir(workdir: str, args) -> dict:
     },
     'seconds': time.perf_counter() - t0,
     'load_average': os.getloadavg(),
+    'settings': settings,
   }
   print(json.dumps(result, indent=1), flush=True)
+  with open(saved, 'w') as f:
+    json.dump(result, f, indent=1)
   return result
 
 
