@@ -38,6 +38,7 @@ def _result(seed, tpc, ratio, speedup, cache_ratio):
       },
     },
     'load_average': (1.0, 1.0, 1.0),
+    'settings': {'temperatures': [0.9, 1.0]},
   }
 
 
@@ -78,6 +79,7 @@ def test_bad_arguments_are_refused_before_loading(tmp_path, capsys):
   for argv, text in (
     ([f'--workdir={missing}', '--repeats=0'], '--repeats'),
     ([f'--workdir={missing}', '--cache_length=100'], 'multiple of'),
+    ([f'--workdir={missing}', '--temperatures=0,1'], 'positive'),
     ([f'--workdir={missing}'], 'not a run directory'),
   ):
     with pytest.raises(SystemExit) as err:
@@ -101,7 +103,7 @@ def test_smoke_run_measures_both_parts(smoke_mdlm_run, tmp_path):
   (result,) = fast_decoding.main([
     f'--workdir={workdir}', f'--scorer={scorer}', '--num_samples=2',
     '--cache_samples=2', '--threshold_length=16', '--cache_length=64',
-    '--repeats=1', f'--out={out}',
+    '--repeats=1', '--temperatures=0.9,1.0', f'--out={out}',
   ])  # fmt: skip
   thr = result['threshold']
   assert thr['one_per_call']['nfe'] == 16  # threshold 1.0: T = L
@@ -123,6 +125,6 @@ def test_smoke_run_measures_both_parts(smoke_mdlm_run, tmp_path):
   # The same run and settings are read back, not measured again.
   argv = [f'--workdir={workdir}', f'--scorer={scorer}', '--num_samples=2',
           '--cache_samples=2', '--threshold_length=16', '--cache_length=64',
-          '--repeats=1', f'--out={out}']  # fmt: skip
+          '--repeats=1', '--temperatures=0.9,1.0', f'--out={out}']  # fmt: skip
   (again,) = fast_decoding.main(argv)
   assert again == saved[0]

@@ -5,7 +5,8 @@
     --workdir=runs/quickstart_bpe_long_s1 \
     --workdir=runs/quickstart_bpe_long_s2 \
     [--scorer=runs/quickstart_bpe_long_ar] [--num_samples=16] \
-    [--cache_samples=8] [--repeats=3] [--out=DIR] [--record]
+    [--cache_samples=8] [--repeats=3] [--temperatures=0.8,0.9,1.0] \
+    [--out=DIR] [--record]
 
 (The runs: `python -m experiments.run
 --config=experiments/configs/quickstart_bpe.py:long --workdir=RUN
@@ -140,7 +141,7 @@ def alternating_speed(loaded, points, num_samples: int, repeats: int):
 
 SETTINGS = (
   'scorer', 'num_samples', 'cache_samples', 'threshold_length',
-  'cache_length', 'repeats',
+  'cache_length', 'repeats', 'temperatures',
 )  # fmt: skip
 
 
@@ -163,7 +164,7 @@ def measure_workdir(workdir: str, args) -> dict:
       return old
   opts = frontier.Options(
     scorer=args.scorer,
-    temperatures=TEMPERATURES,
+    temperatures=args.temperatures,
     num_samples=args.num_samples,
     seeds=(0,),
   )
@@ -296,7 +297,7 @@ def claim_records(results: list[dict], command: str, repo: str) -> list:
     _CLAIM_IDS[0]: 'Tokens per network call at temperature 1, length '
     f'{results[0]["threshold"]["length"]}.',
     _CLAIM_IDS[1]: 'AR-twin gen-NLL (nats/token) at matched unigram entropy '
-    f'(temperatures {list(TEMPERATURES)}), length '
+    f'(temperatures {results[0]["settings"]["temperatures"]}), length '
     f'{results[0]["threshold"]["length"]}; ratio threshold / one per call.',
     _CLAIM_IDS[2]: 'Best of alternating rounds, compiled first; dual cache '
     f'refreshed at block starts, blocks of {BLOCK}, threshold {THRESHOLD}; '
@@ -339,6 +340,12 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument('--threshold_length', type=int, default=256)
   p.add_argument('--cache_length', type=int, default=512)
   p.add_argument('--repeats', type=int, default=3)
+  p.add_argument(
+    '--temperatures',
+    type=lambda text: [float(t) for t in text.split(',') if t.strip()],
+    default=list(TEMPERATURES),
+    help='the sweep that matches entropy, e.g. 0.8,0.9,1.0',
+  )
   p.add_argument('--out', default='runs/fast_decoding')
   p.add_argument('--record', action='store_true')
   return p
@@ -351,6 +358,10 @@ def check_args(args) -> None:
   if min(args.num_samples, args.cache_samples, args.repeats) < 1:
     raise ValueError(
       '--num_samples, --cache_samples and --repeats must be >= 1'
+    )
+  if not args.temperatures or min(args.temperatures) <= 0:
+    raise ValueError(
+      f'--temperatures={args.temperatures}: give positive values, e.g. 0.9,1.0'
     )
   if args.cache_length % BLOCK or args.threshold_length < 1:
     raise ValueError(
