@@ -72,6 +72,14 @@ def test_records_carry_one_value_per_training_seed_and_judge_each_claim():
     verdict_lib.INCONCLUSIVE,
   )
   assert verdicts['threshold-gen-nll'] != verdict_lib.REPRODUCED
+  # A threshold that never fired leaves no quality record: its samples are
+  # those of one token per call, so the ratio would pass by construction.
+  idle = [_result(s, 1.0, 1.0, 2.5, 1.0) for s in (0, 1, 2)]
+  assert 'threshold-gen-nll' not in _verdicts(idle)
+  assert _verdicts(idle)['threshold-tokens-per-call'] in (
+    verdict_lib.MISS,
+    verdict_lib.INCONCLUSIVE,
+  )
 
 
 def test_bad_arguments_are_refused_before_loading(tmp_path, capsys):
@@ -112,6 +120,10 @@ def test_smoke_run_measures_both_parts(smoke_mdlm_run, tmp_path):
   cache = result['cache']
   assert cache['dual']['meter']['cache_kind'] == 'approximate'
   assert cache['dual']['meter']['kl_mean'] >= 0
+  # The floor of CACHE_FLOOR tokens per call bounds the calls per block.
+  blocks = 64 // fast_decoding.BLOCK
+  most = blocks * -(-fast_decoding.BLOCK // fast_decoding.CACHE_FLOOR)
+  assert cache['none']['nfe'] <= most
   timing = cache['timing']
   assert timing['none_nfe'] >= 64 // fast_decoding.BLOCK  # one per block
   assert timing['speedup'] == pytest.approx(
