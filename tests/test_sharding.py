@@ -172,3 +172,24 @@ def test_experts_split_over_the_tensor_axis_and_match_one_device():
   assert shard == (2, 16, 32)  # 4 experts over 2, width 32 over 2
   got = jax.jit(apply)(sharded, x_NxD)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+
+
+def _step_flops(shape):
+  from ddlm_jax.training.steps import jit_train_step
+
+  mesh, tx, graphdef, state, shardings = _setup(shape)
+  step = jit_train_step(graphdef, PROCESS, tx, 0.9, shardings, mesh)
+  batch = jnp.zeros((8, 16), jnp.int32)
+  compiled = step.lower(state, {'tokens': batch}).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost['flops'])
+
+
+def test_fsdp_step_splits_the_batch_like_data_parallel():
+  # Each device computes its own rows under fsdp as under data parallelism
+  # (per-device FLOPs of the compiled step): had XLA carried the weights'
+  # width split into the activations and gathered the batch, every device
+  # would compute all 8 rows.
+  data, fsdp = _step_flops((8, 1, 1)), _step_flops((1, 8, 1))
+  assert fsdp < 1.5 * data, (fsdp, data)
