@@ -1,41 +1,68 @@
 """mdlm_owt.py's model at its real size, trained and sampled on fake CPUs.
 
 The paper configs otherwise run only as smoke presets; this runs the model
-of ``experiments/configs/mdlm_owt.py`` unchanged (12 x 768, vocabulary
-50257, L = 1024, bf16 compute, AdamW with EMA) on 8 fake CPU devices with
-one row per device: two training steps, one eval step, one sampler call
-and a checkpoint restored onto a different mesh.
+of ``experiments/configs/mdlm_owt.py`` (12 x 768, vocabulary 50257,
+L = 1024, bf16 compute, AdamW with EMA) on 8 fake CPU devices: two
+training steps, one eval step, one sampler call and a checkpoint restored
+onto a different mesh (1, 4, 2), four-way fsdp and two-way tensor
+parallelism, so every weight is cut differently.
 
-The training mesh is the config's own, (-1, 1, 1): data parallel, the
-train state replicated on every device. The restore target is (1, 4, 2):
-four-way fsdp and two-way tensor parallelism, so every weight is cut
-differently.
+Layouts (``DDLM_REAL_SIZE_MESH``):
 
-The real size is opt-in (marker ``real_size``, registered in pyproject):
-its compiled train step needs 5.64 GB per device on XLA:CPU (the plan of
-the same program: 2.59 GB of train state, 3.04 GB of activations and
-temporaries), about 45 GB of host memory for the 8 devices, so it
-runs only with ``DDLM_REAL_SIZE=1``, alone, on a large idle host:
+* ``fsdp`` (the default): mesh (1, 8, 1), the train state sharded 8 ways,
+  ``model.remat`` on, one row per device. Every program gathers the
+  weights for compute (`compute_params`: the parameters constrained to
+  their shardings without the fsdp axis, i.e. ZeRO-3's gather; gradients
+  are reduce-scattered back). Without that constraint XLA's sharding
+  propagation carries the width split of the weights into the activations
+  and gathers the batch instead: every device then runs all 8 rows (its
+  logits are f32[8192, 50257]) and the step compiles to 4.33 GB per device
+  instead of 2.45 GB (XLA:CPU, L = 1024, remat on,
+  ``--xla_cpu_enable_concurrency_optimized_scheduler=false``).
+* ``config``: the config's own mesh (-1, 1, 1) = (8, 1, 1), data parallel
+  with the train state replicated on every device, and the library's
+  `steps.jit_train_step` as it is. Right for the accelerators the config
+  targets (16 sequences per chip, 80-95 GB each); on fake CPU devices the 8
+  replicas share one host: 5.64 GB per device, ~45 GB in all.
 
+The 8 fake devices share the host's memory, and XLA:CPU allocates each
+device's temporaries for the whole program, so the host needs about 8x the
+per-device peak: even the fsdp layout needs ~20 GB at L = 1024 (the f32
+logits of one row are 196 MiB per copy, the gathered embedding and head
+and their gradients 147 MiB each, and XLA:CPU keeps every layer's
+attention probabilities despite remat). ``DDLM_REAL_SIZE_SEQ_LEN`` runs the
+same model on shorter rows where a host cannot hold that
+(docs/LAUNCH.md section 7.1 has the figures):
+
+  XLA_FLAGS="--xla_force_host_platform_device_count=8 \\
+    --xla_cpu_enable_concurrency_optimized_scheduler=false" \\
   DDLM_REAL_SIZE=1 python -m pytest -q -m real_size tests/test_real_size.py
 
-Without it the same tests run as a rehearsal (marked slow): the real
-50257-id vocabulary, which no mesh axis divides, on a 2 x 64 network with
-L = 32 (docs/LAUNCH.md section 7.1).
+``DDLM_REAL_SIZE_RECORD=FILE.json`` writes each phase's wall time and the
+peak host RSS so far.
+
+Without ``DDLM_REAL_SIZE=1`` the same tests run as a rehearsal in the fsdp
+layout (marked slow): the real 50257-id vocabulary, which no mesh axis
+divides, on a 2 x 64 network with L = 32.
 
 Tolerances: the train step's loss on the sharded mesh equals the loss of
-the same parameters, key and batch computed on one device within a
-relative 1e-3 (the same per-row arithmetic in bf16; only the reduction
-order of the final mean and XLA's matmul tiling differ); restored values
-equal the saved ones exactly; the eval NELBO on the restore mesh equals the
-one on the training mesh within a relative 1e-3.
+the same parameters, key and batch computed on one device (forward only)
+within a relative 1e-3 (the same per-row arithmetic in bf16; only the
+reduction order of the final mean and XLA's matmul tiling differ);
+restored values equal the saved ones exactly; the eval NELBO on the
+restore mesh equals the one on the training mesh within a relative 1e-3.
 """
 
+import json
 import os
+import resource
+import time
 
 import jax
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ddlm_jax.parallel import batch_sharding, make_mesh, replicated
 from ddlm_jax.sampling.ancestral import ancestral_sample
@@ -43,26 +70,42 @@ from ddlm_jax.tasks import plans
 from ddlm_jax.training import plan as plan_lib
 from ddlm_jax.training import steps
 from ddlm_jax.training.checkpoint import Checkpointer
-from ddlm_jax.training.state import init_train_state
+from ddlm_jax.training.state import init_train_state, split_model
 from experiments.configs import mdlm_owt
 
+REAL_SIZE = os.environ.get('DDLM_REAL_SIZE') == '1'
+LAYOUT = os.environ.get('DDLM_REAL_SIZE_MESH', 'fsdp')
+SEQ_LEN = int(os.environ.get('DDLM_REAL_SIZE_SEQ_LEN', '1024'))
+RECORD = os.environ.get('DDLM_REAL_SIZE_RECORD', '')
 SIZES = {
-  # The paper model, unchanged (opt-in: ~45 GB of host memory).
-  'real': {},
+  # The paper model (opt-in: see the module docstring for its memory).
+  'real': {'seq_len': SEQ_LEN},
   # The same code path at a size the default suite can afford: the real
   # 50257-id vocabulary (which no mesh axis divides), a narrow network.
   'rehearsal': {'width': 64, 'depth': 2, 'num_heads': 2, 'seq_len': 32},
 }
-REAL_SIZE = os.environ.get('DDLM_REAL_SIZE') == '1'
+# (training mesh, remat, weights gathered for compute) per layout.
+LAYOUTS = {
+  'fsdp': ((1, 8, 1), True, True),
+  'config': (None, None, False),  # The config's own mesh and remat.
+}
 RESTORE_MESH = (1, 4, 2)
 ROWS = 8  # One row per device.
 REL_TOL = 1e-3
 
 
 def _config(size: str):
+  if LAYOUT not in LAYOUTS:
+    raise ValueError(
+      f'DDLM_REAL_SIZE_MESH={LAYOUT!r}: use one of {sorted(LAYOUTS)}.'
+    )
   c = mdlm_owt.get_config()
   c.train.batch_size = ROWS
   c.eval.batch_size = ROWS
+  mesh, remat, _ = LAYOUTS[LAYOUT]
+  if mesh is not None:
+    c.mesh.shape = mesh
+    c.model.remat = remat
   for key, value in SIZES[size].items():
     if key == 'seq_len':
       c.data.seq_len = value
@@ -77,11 +120,52 @@ def _tokens(seed: int, vocab: int, length: int) -> np.ndarray:
   )
 
 
-def _eval_fn(graphdef, process, param_shardings, mesh):
+def _without_fsdp(sharding: NamedSharding) -> NamedSharding:
+  """The sharding with its fsdp split dropped (tensor splits kept)."""
+  parts = []
+  for axes in sharding.spec:
+    if axes == 'fsdp':
+      axes = None
+    elif isinstance(axes, tuple):
+      axes = tuple(a for a in axes if a != 'fsdp') or None
+    parts.append(axes)
+  return NamedSharding(sharding.mesh, P(*parts))
+
+
+def compute_params(param_shardings, gather: bool):
+  """params -> the parameters a program computes with: gathered over the
+  fsdp axis when `gather` (ZeRO-3: weights whole for the forward, their
+  gradients reduce-scattered back), else as they are."""
+  if not gather:
+    return lambda params: params
+  whole = jax.tree.map(_without_fsdp, param_shardings)
+  return lambda params: jax.lax.with_sharding_constraint(params, whole)
+
+
+def _train_step(graphdef, process, spec, shardings, mesh, gather: bool):
+  if not gather:
+    return steps.jit_train_step(
+      graphdef, process, spec.tx, spec.ema_decay, shardings, mesh
+    )
+  loss = steps.lm_loss(graphdef, process)
+  whole = compute_params(shardings.params, gather)
+  return steps.jit_step(
+    lambda params, key, batch: loss(whole(params), key, batch),
+    spec.tx,
+    spec.ema_decay,
+    shardings,
+    mesh,
+    weight=steps.lm_weight,
+    uses_step=process.uses_step,
+  )
+
+
+def _eval_fn(graphdef, process, param_shardings, mesh, gather: bool):
   loss = steps.lm_loss(graphdef, process.evaluation_process)
+  whole = compute_params(param_shardings, gather)
 
   def nelbo(params, key, batch):
-    return loss(params, key, batch)[1]['nelbo_per_token']
+    return loss(whole(params), key, batch)[1]['nelbo_per_token']
 
   return jax.jit(
     nelbo,
@@ -101,6 +185,26 @@ def _host_sums(tree) -> list[float]:
   return [total(x) for x in jax.tree.leaves(tree)]
 
 
+class _Phases:
+  """Wall time of each phase and the host's peak RSS after it."""
+
+  def __init__(self):
+    self.rows = []
+    self._t = time.perf_counter()
+
+  def mark(self, name: str):
+    now = time.perf_counter()
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    self.rows.append(
+      {
+        'phase': name,
+        'seconds': round(now - self._t, 1),
+        'peak_rss_gib': round(peak_kib / 2**20, 2),
+      }
+    )
+    self._t = now
+
+
 @pytest.fixture(
   scope='module',
   params=[
@@ -112,26 +216,28 @@ def _host_sums(tree) -> list[float]:
         pytest.mark.slow,
         pytest.mark.skipif(
           not REAL_SIZE,
-          reason='the real size needs ~45 GB of host memory and minutes: '
-          'set DDLM_REAL_SIZE=1 to run it',
+          reason='the real size needs ~20 GB of host memory (fsdp layout) '
+          'and many minutes: set DDLM_REAL_SIZE=1 to run it',
         ),
       ],
     ),
   ],
 )
 def trained(request, tmp_path_factory):
-  """Two steps on the config's mesh, the reference loss, an eval, a
-  checkpoint."""
+  """Two steps on the layout's mesh, the reference loss, an eval, a
+  sampler call, a checkpoint."""
   assert len(jax.devices()) >= 8, 'needs 8 fake devices (tests/conftest.py)'
   size = request.param
+  phases = _Phases()
   config = _config(size)
+  gather = LAYOUTS[LAYOUT][2]
   mesh = make_mesh(config.mesh.shape)
-  assert tuple(mesh.shape.values()) == (8, 1, 1)  # Data parallel.
+  assert int(np.prod(list(mesh.shape.values()))) == 8
   spec = plans.spec_from_config(config, mesh)
   process = spec.process
   if size == 'real':
     assert spec.settings['width'] == 768 and spec.settings['depth'] == 12
-    assert spec.seq_len == 1024 and spec.settings['dtype'] == 'bfloat16'
+    assert spec.seq_len == SEQ_LEN and spec.settings['dtype'] == 'bfloat16'
   assert process.vocab_size == 50257
   graphdef, state, shardings = init_train_state(
     spec.build(spec.remat),
@@ -145,9 +251,11 @@ def trained(request, tmp_path_factory):
     {'tokens': jax.device_put(_tokens(i, vocab, length), batch_sharding(mesh))}
     for i in range(2)
   ]
+  phases.mark('init')
 
-  # The one-device reference of step 1's loss: the parameters, key and
-  # batch the sharded step will use (train_step splits state.rng).
+  # The one-device reference of step 1's loss (forward only): the
+  # parameters, key and batch the sharded step will use (train_step
+  # splits state.rng).
   one = jax.devices()[0]
   key = jax.random.split(state.rng)[1]
   params_one = jax.device_put(state.params, one)
@@ -156,25 +264,37 @@ def trained(request, tmp_path_factory):
     lambda p, k, x: steps.loss_fn(p, k, x, graphdef=graphdef, process=process)
   )(params_one, jax.device_put(key, one), tokens_one)
   loss_one = float(loss_one)
-  del params_one
+  del params_one, tokens_one
+  jax.clear_caches()
+  phases.mark('one_device_loss')
 
-  train_step = steps.jit_train_step(
-    graphdef, process, spec.tx, spec.ema_decay, shardings, mesh
-  )
+  train_step = _train_step(graphdef, process, spec, shardings, mesh, gather)
   metrics = []
-  for batch in batches:
+  for i, batch in enumerate(batches):
     state, m = train_step(state, batch)
     metrics.append(jax.device_get(m))
+    phases.mark(f'train_step_{i + 1}')
+  del train_step, batches
+  jax.clear_caches()
 
   eval_key = jax.random.key(7)
   eval_batch = {
     'tokens': jax.device_put(_tokens(2, vocab, length), batch_sharding(mesh))
   }
-  evaluate = _eval_fn(graphdef, process, shardings.params, mesh)
+  evaluate = _eval_fn(graphdef, process, shardings.params, mesh, gather)
   nelbo = float(evaluate(state.params, eval_key, eval_batch))
+  del evaluate, eval_batch
+  jax.clear_caches()
+  phases.mark('eval_step')
+
+  whole = compute_params(shardings.params, gather)
+  # Sampling needs no backward pass, and a remat-built network does not
+  # trace inside the sampler's loop (nnx refuses the cross-trace merge):
+  # the same parameters in the graph built without remat.
+  forward_graphdef = split_model(spec.build(False))[0]
 
   def sample(params, key):
-    apply = steps.make_apply(graphdef, params)
+    apply = steps.make_apply(forward_graphdef, whole(params))
     return ancestral_sample(
       apply,
       key,
@@ -191,6 +311,8 @@ def trained(request, tmp_path_factory):
     out_shardings=(batch_sharding(mesh), replicated(mesh)),
   )(state.params, jax.random.key(3))
   samples = np.asarray(jax.device_get(tokens_BxL))
+  jax.clear_caches()
+  phases.mark('sampler_call')
 
   ckpt_dir = str(tmp_path_factory.mktemp('real_size') / 'checkpoints')
   ck = Checkpointer(ckpt_dir, async_=False)
@@ -202,10 +324,12 @@ def trained(request, tmp_path_factory):
     'params': jax.device_get(state.params),
     'sums': _host_sums(state),
   }
-  del state, train_step
-  return {
+  del state
+  phases.mark('checkpoint_save')
+  result = {
     'spec': spec,
     'graphdef': graphdef,
+    'gather': gather,
     'metrics': metrics,
     'loss_one': loss_one,
     'nelbo': nelbo,
@@ -215,7 +339,28 @@ def trained(request, tmp_path_factory):
     'nfe': int(nfe),
     'ckpt_dir': ckpt_dir,
     'saved': saved,
+    'phases': phases,
   }
+  yield result
+  if RECORD and size == 'real':
+    with open(RECORD, 'w') as f:
+      json.dump(
+        {
+          'layout': LAYOUT,
+          'mesh': list(config.mesh.shape),
+          'remat': spec.remat,
+          'seq_len': length,
+          'rows': ROWS,
+          'loss_sharded': float(metrics[0]['loss']),
+          'loss_one_device': loss_one,
+          'nelbo_train_mesh': nelbo,
+          'nelbo_restore_mesh': result.get('nelbo_restored'),
+          'xla_flags': os.environ.get('XLA_FLAGS', ''),
+          'phases': phases.rows,
+        },
+        f,
+        indent=2,
+      )
 
 
 def test_two_train_steps_are_finite_and_advance(trained):
@@ -264,15 +409,20 @@ def test_checkpoint_restores_onto_another_mesh(trained):
     assert got.sharding.mesh.shape == mesh.shape
     np.testing.assert_array_equal(np.asarray(got), want)
   assert _host_sums(state) == saved['sums']
-  # Replicated on the training mesh; here a weight of width x vocab is cut
-  # 4 x 1 (vocab 50257 does not split two ways).
+  # A weight of width x vocab is cut 4 x 1 here (vocab 50257 does not split
+  # two ways), 8 x 1 (fsdp layout) or not at all (config layout) when saved.
   embed = [x for x in jax.tree.leaves(state.params) if 50257 in x.shape]
   assert embed and all(
-    x.addressable_shards[0].data.size < x.size for x in embed
+    x.addressable_shards[0].data.size * 4 == x.size for x in embed
   )
-  evaluate = _eval_fn(graphdef, spec.process, shardings.params, mesh)
+  trained['phases'].mark('restore')
+  evaluate = _eval_fn(
+    graphdef, spec.process, shardings.params, mesh, trained['gather']
+  )
   batch = {
     'tokens': jax.device_put(trained['eval_tokens'], batch_sharding(mesh))
   }
   nelbo = float(evaluate(state.params, trained['eval_key'], batch))
+  trained['nelbo_restored'] = nelbo
+  trained['phases'].mark('eval_on_restore_mesh')
   np.testing.assert_allclose(nelbo, trained['nelbo'], rtol=REL_TOL)
