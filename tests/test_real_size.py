@@ -53,6 +53,7 @@ restored values equal the saved ones exactly; the eval NELBO on the
 restore mesh equals the one on the training mesh within a relative 1e-3.
 """
 
+import dataclasses
 import json
 import os
 import resource
@@ -74,7 +75,7 @@ from ddlm_jax.training.state import init_train_state, split_model
 from experiments.configs import mdlm_owt
 
 REAL_SIZE = os.environ.get('DDLM_REAL_SIZE') == '1'
-LAYOUT = os.environ.get('DDLM_REAL_SIZE_MESH', 'fsdp')
+LAYOUT = os.environ.get('DDLM_REAL_SIZE_MESH', 'fsdp_tp')
 SEQ_LEN = int(os.environ.get('DDLM_REAL_SIZE_SEQ_LEN', '1024'))
 RECORD = os.environ.get('DDLM_REAL_SIZE_RECORD', '')
 SIZES = {
@@ -84,13 +85,30 @@ SIZES = {
   # 50257-id vocabulary (which no mesh axis divides), a narrow network.
   'rehearsal': {'width': 64, 'depth': 2, 'num_heads': 2, 'seq_len': 32},
 }
-# (training mesh, remat, weights gathered for compute) per layout.
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where the run's arrays live: the training mesh (None: the config's,
+  with its remat), rows per batch, whether programs gather the weights
+  for compute, and the mesh the checkpoint is restored onto."""
+
+  mesh: tuple[int, int, int] | None
+  remat: bool | None
+  rows: int
+  gather: bool
+  restore_mesh: tuple[int, int, int]
+
+
 LAYOUTS = {
-  'fsdp': ((1, 8, 1), True, True),
-  'config': (None, None, False),  # The config's own mesh and remat.
+  # Four-way fsdp, two-way tensor parallelism, one row per fsdp group:
+  # the smallest per-device program found (docs/LAUNCH.md section 7.1).
+  'fsdp_tp': Layout((1, 4, 2), True, 4, True, (2, 2, 2)),
+  # Eight-way fsdp, one row per device.
+  'fsdp': Layout((1, 8, 1), True, 8, True, (1, 4, 2)),
+  # The config's own mesh, (-1, 1, 1), and the library's train step.
+  'config': Layout(None, None, 8, False, (1, 4, 2)),
 }
-RESTORE_MESH = (1, 4, 2)
-ROWS = 8  # One row per device.
 REL_TOL = 1e-3
 
 
@@ -100,12 +118,12 @@ def _config(size: str):
       f'DDLM_REAL_SIZE_MESH={LAYOUT!r}: use one of {sorted(LAYOUTS)}.'
     )
   c = mdlm_owt.get_config()
-  c.train.batch_size = ROWS
-  c.eval.batch_size = ROWS
-  mesh, remat, _ = LAYOUTS[LAYOUT]
-  if mesh is not None:
-    c.mesh.shape = mesh
-    c.model.remat = remat
+  layout = LAYOUTS[LAYOUT]
+  c.train.batch_size = layout.rows
+  c.eval.batch_size = layout.rows
+  if layout.mesh is not None:
+    c.mesh.shape = layout.mesh
+    c.model.remat = layout.remat
   for key, value in SIZES[size].items():
     if key == 'seq_len':
       c.data.seq_len = value
@@ -116,7 +134,7 @@ def _config(size: str):
 
 def _tokens(seed: int, vocab: int, length: int) -> np.ndarray:
   return np.random.default_rng(seed).integers(
-    0, vocab, (ROWS, length), dtype=np.int32
+    0, vocab, (LAYOUTS[LAYOUT].rows, length), dtype=np.int32
   )
 
 
@@ -230,7 +248,7 @@ def trained(request, tmp_path_factory):
   size = request.param
   phases = _Phases()
   config = _config(size)
-  gather = LAYOUTS[LAYOUT][2]
+  gather = LAYOUTS[LAYOUT].gather
   mesh = make_mesh(config.mesh.shape)
   assert int(np.prod(list(mesh.shape.values()))) == 8
   spec = plans.spec_from_config(config, mesh)
@@ -299,7 +317,7 @@ def trained(request, tmp_path_factory):
       apply,
       key,
       process,
-      batch=ROWS,
+      batch=LAYOUTS[LAYOUT].rows,
       length=length,
       num_steps=2,
       use_cache=False,
@@ -330,6 +348,7 @@ def trained(request, tmp_path_factory):
     'spec': spec,
     'graphdef': graphdef,
     'gather': gather,
+    'train_mesh': dict(mesh.shape),
     'metrics': metrics,
     'loss_one': loss_one,
     'nelbo': nelbo,
@@ -350,7 +369,7 @@ def trained(request, tmp_path_factory):
           'mesh': list(config.mesh.shape),
           'remat': spec.remat,
           'seq_len': length,
-          'rows': ROWS,
+          'rows': LAYOUTS[LAYOUT].rows,
           'loss_sharded': float(metrics[0]['loss']),
           'loss_one_device': loss_one,
           'nelbo_train_mesh': nelbo,
@@ -385,7 +404,7 @@ def test_eval_step_and_sampler_call(trained):
   assert np.isfinite(trained['nelbo']) and trained['nelbo'] > 0
   samples = trained['samples']
   process = trained['spec'].process
-  assert samples.shape == (ROWS, trained['spec'].seq_len)
+  assert samples.shape == (LAYOUTS[LAYOUT].rows, trained['spec'].seq_len)
   # Every position is revealed and holds a real token (not the mask id).
   assert samples.min() >= 0 and samples.max() < process.vocab_size
   assert trained['nfe'] >= 1
@@ -393,7 +412,7 @@ def test_eval_step_and_sampler_call(trained):
 
 def test_checkpoint_restores_onto_another_mesh(trained):
   spec = trained['spec']
-  mesh = make_mesh(RESTORE_MESH)
+  mesh = make_mesh(LAYOUTS[LAYOUT].restore_mesh)
   graphdef, target, shardings = plan_lib.abstract_train(
     spec.build(spec.remat), spec.tx, mesh, spec.ema_decay > 0
   )
@@ -409,11 +428,13 @@ def test_checkpoint_restores_onto_another_mesh(trained):
     assert got.sharding.mesh.shape == mesh.shape
     np.testing.assert_array_equal(np.asarray(got), want)
   assert _host_sums(state) == saved['sums']
-  # A weight of width x vocab is cut 4 x 1 here (vocab 50257 does not split
-  # two ways), 8 x 1 (fsdp layout) or not at all (config layout) when saved.
+  # A weight of width x vocab is cut only by fsdp here (vocab 50257 does
+  # not split two ways), which the training mesh cuts another way.
+  ways = mesh.shape['fsdp']
+  assert ways != trained['train_mesh']['fsdp']
   embed = [x for x in jax.tree.leaves(state.params) if 50257 in x.shape]
   assert embed and all(
-    x.addressable_shards[0].data.size * 4 == x.size for x in embed
+    x.addressable_shards[0].data.size * ways == x.size for x in embed
   )
   trained['phases'].mark('restore')
   evaluate = _eval_fn(
