@@ -71,7 +71,11 @@ from ddlm_jax.tasks import plans
 from ddlm_jax.training import plan as plan_lib
 from ddlm_jax.training import steps
 from ddlm_jax.training.checkpoint import Checkpointer
-from ddlm_jax.training.state import init_train_state, split_model
+from ddlm_jax.training.state import (
+  init_train_state,
+  module_init,
+  split_model,
+)
 from experiments.configs import mdlm_owt
 
 REAL_SIZE = os.environ.get('DDLM_REAL_SIZE') == '1'
@@ -90,8 +94,9 @@ SIZES = {
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """Where the run's arrays live: the training mesh (None: the config's,
-  with its remat), rows per batch, whether programs gather the weights
-  for compute, and the mesh the checkpoint is restored onto."""
+  with its remat), rows per training batch, whether programs gather the
+  weights for compute, and the mesh the checkpoint is restored onto. The
+  eval batch has EVAL_ROWS rows on both meshes."""
 
   mesh: tuple[int, int, int] | None
   remat: bool | None
@@ -103,13 +108,15 @@ class Layout:
 LAYOUTS = {
   # Four-way fsdp, two-way tensor parallelism, one row per fsdp group:
   # the smallest per-device program found (docs/LAUNCH.md section 7.1).
-  'fsdp_tp': Layout((1, 4, 2), True, 4, True, (2, 2, 2)),
+  'fsdp_tp': Layout((1, 4, 2), True, 4, True, (1, 8, 1)),
   # Eight-way fsdp, one row per device.
   'fsdp': Layout((1, 8, 1), True, 8, True, (1, 4, 2)),
   # The config's own mesh, (-1, 1, 1), and the library's train step.
   'config': Layout(None, None, 8, False, (1, 4, 2)),
 }
 REL_TOL = 1e-3
+EVAL_ROWS = 8  # Splits over the data ways of every mesh here.
+SEED = 0  # init_train_state seeds the parameters with jax.random.key(SEED).
 
 
 def _config(size: str):
@@ -120,7 +127,7 @@ def _config(size: str):
   c = mdlm_owt.get_config()
   layout = LAYOUTS[LAYOUT]
   c.train.batch_size = layout.rows
-  c.eval.batch_size = layout.rows
+  c.eval.batch_size = EVAL_ROWS
   if layout.mesh is not None:
     c.mesh.shape = layout.mesh
     c.model.remat = layout.remat
@@ -132,9 +139,9 @@ def _config(size: str):
   return c
 
 
-def _tokens(seed: int, vocab: int, length: int) -> np.ndarray:
+def _tokens(seed: int, vocab: int, length: int, rows: int = 0) -> np.ndarray:
   return np.random.default_rng(seed).integers(
-    0, vocab, (LAYOUTS[LAYOUT].rows, length), dtype=np.int32
+    0, vocab, (rows or LAYOUTS[LAYOUT].rows, length), dtype=np.int32
   )
 
 
@@ -203,6 +210,15 @@ def _host_sums(tree) -> list[float]:
   return [total(x) for x in jax.tree.leaves(tree)]
 
 
+def _rss_bytes() -> int:
+  """The process's resident memory now (Linux; 0 elsewhere)."""
+  try:
+    with open('/proc/self/statm') as f:
+      return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+  except (OSError, ValueError, IndexError):
+    return 0
+
+
 class _Phases:
   """Wall time of each phase and the host's peak RSS after it."""
 
@@ -218,9 +234,13 @@ class _Phases:
         'phase': name,
         'seconds': round(now - self._t, 1),
         'peak_rss_gib': round(peak_kib / 2**20, 2),
+        'rss_gib': round(_rss_bytes() / 2**30, 2),
       }
     )
     self._t = now
+    if RECORD:  # Kept as it goes: a run stopped midway still says where.
+      with open(RECORD + '.phases', 'w') as f:
+        json.dump(self.rows, f, indent=2)
 
 
 @pytest.fixture(
@@ -260,7 +280,7 @@ def trained(request, tmp_path_factory):
   graphdef, state, shardings = init_train_state(
     spec.build(spec.remat),
     spec.tx,
-    seed=0,
+    seed=SEED,
     mesh=mesh,
     use_ema=spec.ema_decay > 0,
   )
@@ -271,20 +291,10 @@ def trained(request, tmp_path_factory):
   ]
   phases.mark('init')
 
-  # The one-device reference of step 1's loss (forward only): the
-  # parameters, key and batch the sharded step will use (train_step
-  # splits state.rng).
-  one = jax.devices()[0]
-  key = jax.random.split(state.rng)[1]
-  params_one = jax.device_put(state.params, one)
-  tokens_one = jax.device_put(_tokens(0, vocab, length), one)
-  loss_one = jax.jit(
-    lambda p, k, x: steps.loss_fn(p, k, x, graphdef=graphdef, process=process)
-  )(params_one, jax.device_put(key, one), tokens_one)
-  loss_one = float(loss_one)
-  del params_one, tokens_one
-  jax.clear_caches()
-  phases.mark('one_device_loss')
+  # Step 1's key (train_step splits state.rng) and the initial
+  # parameters' sums: the one-device reference below rebuilds both.
+  key_data = np.asarray(jax.random.key_data(jax.random.split(state.rng)[1]))
+  init_sums = _host_sums(state.params)
 
   train_step = _train_step(graphdef, process, spec, shardings, mesh, gather)
   metrics = []
@@ -297,7 +307,9 @@ def trained(request, tmp_path_factory):
 
   eval_key = jax.random.key(7)
   eval_batch = {
-    'tokens': jax.device_put(_tokens(2, vocab, length), batch_sharding(mesh))
+    'tokens': jax.device_put(
+      _tokens(2, vocab, length, EVAL_ROWS), batch_sharding(mesh)
+    )
   }
   evaluate = _eval_fn(graphdef, process, shardings.params, mesh, gather)
   nelbo = float(evaluate(state.params, eval_key, eval_batch))
@@ -344,6 +356,27 @@ def trained(request, tmp_path_factory):
   }
   del state
   phases.mark('checkpoint_save')
+
+  # The one-device reference of step 1's loss (forward only), computed
+  # last so that its buffers never sit beside the sharded run's: the same
+  # initial parameters (rebuilt from the same seed, checked by their sums),
+  # key and batch.
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  params_one = jax.jit(module_init(spec.build(False)), out_shardings=one)(
+    jax.random.key(SEED)
+  )
+  assert _host_sums(params_one) == init_sums
+  loss_one = jax.jit(
+    lambda p, k, x: steps.loss_fn(p, k, x, graphdef=graphdef, process=process)
+  )(
+    params_one,
+    jax.device_put(jax.random.wrap_key_data(key_data), one),
+    jax.device_put(_tokens(0, vocab, length), one),
+  )
+  loss_one = float(loss_one)
+  del params_one
+  jax.clear_caches()
+  phases.mark('one_device_loss')
   result = {
     'spec': spec,
     'graphdef': graphdef,
@@ -353,7 +386,7 @@ def trained(request, tmp_path_factory):
     'loss_one': loss_one,
     'nelbo': nelbo,
     'eval_key': eval_key,
-    'eval_tokens': _tokens(2, vocab, length),
+    'eval_tokens': _tokens(2, vocab, length, EVAL_ROWS),
     'samples': samples,
     'nfe': int(nfe),
     'ckpt_dir': ckpt_dir,
