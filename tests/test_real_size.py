@@ -3,47 +3,55 @@
 The paper configs otherwise run only as smoke presets; this runs the model
 of ``experiments/configs/mdlm_owt.py`` (12 x 768, vocabulary 50257,
 L = 1024, bf16 compute, AdamW with EMA) on 8 fake CPU devices: two
-training steps, one eval step, one sampler call and a checkpoint restored
-onto a different mesh (1, 4, 2), four-way fsdp and two-way tensor
-parallelism, so every weight is cut differently.
+training steps, one eval step, one sampler call, a checkpoint restored
+onto a mesh that cuts every weight differently, and step 1's loss computed
+again on one device.
 
-Layouts (``DDLM_REAL_SIZE_MESH``):
+Layouts (``DDLM_REAL_SIZE_MESH``; the config's own is not the default
+because its 8 replicas of the train state do not fit a 23 GB host):
 
-* ``fsdp`` (the default): mesh (1, 8, 1), the train state sharded 8 ways,
-  ``model.remat`` on, one row per device. Every program gathers the
-  weights for compute (`compute_params`: the parameters constrained to
-  their shardings without the fsdp axis, i.e. ZeRO-3's gather; gradients
-  are reduce-scattered back). Without that constraint XLA's sharding
-  propagation carries the width split of the weights into the activations
-  and gathers the batch instead: every device then runs all 8 rows (its
-  logits are f32[8192, 50257]) and the step compiles to 4.33 GB per device
-  instead of 2.45 GB (XLA:CPU, L = 1024, remat on,
-  ``--xla_cpu_enable_concurrency_optimized_scheduler=false``).
+* ``fsdp_tp`` (the default): mesh (1, 4, 2), the train state sharded
+  four ways by fsdp and two by tensor parallelism, ``model.remat`` on, 4
+  rows (one per fsdp group); restored onto (1, 8, 1). The smallest
+  per-device step found: 2.03 GB at L = 1024.
+* ``fsdp``: mesh (1, 8, 1), one row per device, remat on; restored onto
+  (1, 4, 2). 2.45 GB per device.
 * ``config``: the config's own mesh (-1, 1, 1) = (8, 1, 1), data parallel
   with the train state replicated on every device, and the library's
-  `steps.jit_train_step` as it is. Right for the accelerators the config
-  targets (16 sequences per chip, 80-95 GB each); on fake CPU devices the 8
-  replicas share one host: 5.64 GB per device, ~45 GB in all.
+  `steps.jit_train_step` as it is; restored onto (1, 4, 2). Right for
+  the accelerators the config targets (16 sequences on each 80-95 GB chip);
+  on fake CPU devices the 8 replicas share one host: 5.64 GB per device,
+  ~45 GB in all.
+
+In the fsdp layouts every program gathers the weights for compute
+(`compute_params`: the parameters constrained to their shardings without
+the fsdp axis, i.e. ZeRO-3's gather; gradients are reduce-scattered back).
+Without that constraint XLA's sharding propagation carries the width split
+of the weights into the activations and gathers the batch instead: every
+device then runs all 8 rows (its logits are f32[8192, 50257]) and the
+(1, 8, 1) step compiles to 3.67 GB per device instead of 2.45 GB (XLA:CPU,
+L = 1024, remat on, the memory-optimised scheduler of the command below,
+which XLA:CPU takes from XLA_FLAGS only, not from jit's compiler_options).
 
 The 8 fake devices share the host's memory, and XLA:CPU allocates each
-device's temporaries for the whole program, so the host needs about 8x the
-per-device peak: even the fsdp layout needs ~20 GB at L = 1024 (the f32
-logits of one row are 196 MiB per copy, the gathered embedding and head
-and their gradients 147 MiB each, and XLA:CPU keeps every layer's
-attention probabilities despite remat). ``DDLM_REAL_SIZE_SEQ_LEN`` runs the
-same model on shorter rows where a host cannot hold that
-(docs/LAUNCH.md section 7.1 has the figures):
+device's temporaries for the whole program, so the host needs about 8x
+the per-device peak: ~17 GB at L = 1024 even for ``fsdp_tp`` (the f32
+logits of a row are 196 MiB per copy, the gathered embedding and head and
+their gradients 147 MiB each, and XLA:CPU keeps every layer's attention
+probabilities despite remat). ``DDLM_REAL_SIZE_SEQ_LEN`` runs the same
+model on shorter rows where a host cannot hold that (docs/LAUNCH.md
+section 7.1 has the figures):
 
   XLA_FLAGS="--xla_force_host_platform_device_count=8 \\
     --xla_cpu_enable_concurrency_optimized_scheduler=false" \\
   DDLM_REAL_SIZE=1 python -m pytest -q -m real_size tests/test_real_size.py
 
 ``DDLM_REAL_SIZE_RECORD=FILE.json`` writes each phase's wall time and the
-peak host RSS so far.
+host RSS (peak so far and current) as the run goes.
 
-Without ``DDLM_REAL_SIZE=1`` the same tests run as a rehearsal in the fsdp
-layout (marked slow): the real 50257-id vocabulary, which no mesh axis
-divides, on a 2 x 64 network with L = 32.
+Without ``DDLM_REAL_SIZE=1`` the same tests run as a rehearsal in the
+chosen layout (marked slow): the real 50257-id vocabulary, which no mesh
+axis divides, on a 2 x 64 network with L = 32.
 
 Tolerances: the train step's loss on the sharded mesh equals the loss of
 the same parameters, key and batch computed on one device (forward only)
@@ -254,7 +262,7 @@ class _Phases:
         pytest.mark.slow,
         pytest.mark.skipif(
           not REAL_SIZE,
-          reason='the real size needs ~20 GB of host memory (fsdp layout) '
+          reason='the real size needs ~17 GB of host memory (fsdp_tp layout) '
           'and many minutes: set DDLM_REAL_SIZE=1 to run it',
         ),
       ],
