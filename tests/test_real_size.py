@@ -325,6 +325,22 @@ def trained(request, tmp_path_factory):
   jax.clear_caches()
   phases.mark('eval_step')
 
+  ckpt_dir = str(tmp_path_factory.mktemp('real_size') / 'checkpoints')
+  ck = Checkpointer(ckpt_dir, async_=False)
+  assert ck.save(2, state, None)
+  ck.close()
+  saved = {
+    'step': int(state.step),
+    'bad_step': int(state.bad_step),
+    'params': jax.device_get(state.params),
+    'sums': _host_sums(state),
+  }
+  # The sampler needs only the parameters: the optimizer state and EMA
+  # are freed before it runs.
+  params = state.params
+  del state
+  phases.mark('checkpoint_save')
+
   whole = compute_params(shardings.params, gather)
   # Sampling needs no backward pass, and a remat-built network does not
   # trace inside the sampler's loop (nnx refuses the cross-trace merge):
@@ -347,23 +363,11 @@ def trained(request, tmp_path_factory):
     sample,
     in_shardings=(shardings.params, replicated(mesh)),
     out_shardings=(batch_sharding(mesh), replicated(mesh)),
-  )(state.params, jax.random.key(3))
+  )(params, jax.random.key(3))
   samples = np.asarray(jax.device_get(tokens_BxL))
+  del params
   jax.clear_caches()
   phases.mark('sampler_call')
-
-  ckpt_dir = str(tmp_path_factory.mktemp('real_size') / 'checkpoints')
-  ck = Checkpointer(ckpt_dir, async_=False)
-  assert ck.save(2, state, None)
-  ck.close()
-  saved = {
-    'step': int(state.step),
-    'bad_step': int(state.bad_step),
-    'params': jax.device_get(state.params),
-    'sums': _host_sums(state),
-  }
-  del state
-  phases.mark('checkpoint_save')
 
   # The one-device reference of step 1's loss (forward only), computed
   # last so that its buffers never sit beside the sharded run's: the same
