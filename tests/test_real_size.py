@@ -79,6 +79,7 @@ from ddlm_jax.tasks import plans
 from ddlm_jax.training import plan as plan_lib
 from ddlm_jax.training import steps
 from ddlm_jax.training.checkpoint import Checkpointer
+from ddlm_jax.training.config import ConfigError
 from ddlm_jax.training.state import (
   init_train_state,
   module_init,
@@ -129,7 +130,7 @@ SEED = 0  # init_train_state seeds the parameters with jax.random.key(SEED).
 
 def _config(size: str):
   if LAYOUT not in LAYOUTS:
-    raise ValueError(
+    raise ConfigError(
       f'DDLM_REAL_SIZE_MESH={LAYOUT!r}: use one of {sorted(LAYOUTS)}.'
     )
   c = mdlm_owt.get_config()
