@@ -104,27 +104,32 @@ SIZES = {
 class Layout:
   """Where the run's arrays live: the training mesh (None: the config's,
   with its remat), rows per training batch, whether programs gather the
-  weights for compute, and the mesh the checkpoint is restored onto. The
-  eval batch has EVAL_ROWS rows on both meshes."""
+  weights for compute, the mesh the checkpoint is restored onto, and the
+  eval batch's rows (on both meshes)."""
 
   mesh: tuple[int, int, int] | None
   remat: bool | None
   rows: int
   gather: bool
   restore_mesh: tuple[int, int, int]
+  eval_rows: int = 8  # Splits over the data ways of both meshes.
 
 
 LAYOUTS = {
   # Four-way fsdp, two-way tensor parallelism, one row per fsdp group:
   # the smallest per-device program found (docs/LAUNCH.md section 7.1).
   'fsdp_tp': Layout((1, 4, 2), True, 4, True, (1, 8, 1)),
+  # Two-way fsdp, four-way tensor parallelism, two rows: half the
+  # activations of fsdp_tp, for a 23 GB host at L 1024; restored onto
+  # eight-way tensor parallelism (12 heads do not split 8 ways: those
+  # weights are replicated there).
+  'tp4': Layout((1, 2, 4), True, 2, True, (1, 1, 8), eval_rows=2),
   # Eight-way fsdp, one row per device.
   'fsdp': Layout((1, 8, 1), True, 8, True, (1, 4, 2)),
   # The config's own mesh, (-1, 1, 1), and the library's train step.
   'config': Layout(None, None, 8, False, (1, 4, 2)),
 }
 REL_TOL = 1e-3
-EVAL_ROWS = 8  # Splits over the data ways of every mesh here.
 SEED = 0  # init_train_state seeds the parameters with jax.random.key(SEED).
 
 
@@ -136,7 +141,7 @@ def _config(size: str):
   c = mdlm_owt.get_config()
   layout = LAYOUTS[LAYOUT]
   c.train.batch_size = layout.rows
-  c.eval.batch_size = EVAL_ROWS
+  c.eval.batch_size = layout.eval_rows
   if layout.mesh is not None:
     c.mesh.shape = layout.mesh
     c.model.remat = layout.remat
@@ -317,7 +322,8 @@ def trained(request, tmp_path_factory):
   eval_key = jax.random.key(7)
   eval_batch = {
     'tokens': jax.device_put(
-      _tokens(2, vocab, length, EVAL_ROWS), batch_sharding(mesh)
+      _tokens(2, vocab, length, LAYOUTS[LAYOUT].eval_rows),
+      batch_sharding(mesh),
     )
   }
   evaluate = _eval_fn(graphdef, process, shardings.params, mesh, gather)
@@ -399,7 +405,7 @@ def trained(request, tmp_path_factory):
     'loss_one': loss_one,
     'nelbo': nelbo,
     'eval_key': eval_key,
-    'eval_tokens': _tokens(2, vocab, length, EVAL_ROWS),
+    'eval_tokens': _tokens(2, vocab, length, LAYOUTS[LAYOUT].eval_rows),
     'samples': samples,
     'nfe': int(nfe),
     'ckpt_dir': ckpt_dir,
