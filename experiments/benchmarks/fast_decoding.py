@@ -285,6 +285,7 @@ _CLAIM_IDS = (
 
 def claim_records(results: list[dict], command: str, repo: str) -> list:
   """The four claim records of `results` (one value per training seed)."""
+  from experiments import claims as registry
   from experiments.claims import records
 
   seeds = [r['seed'] for r in results]
@@ -366,7 +367,9 @@ def claim_records(results: list[dict], command: str, repo: str) -> list:
         'host': records.host_info(),
         'command': command,
         'budget': 'cpu',
-        'budget_fraction': None,
+        # The models' scale over the paper's: what limits a claim about
+        # how confident a model is.
+        'budget_fraction': registry.CLAIMS[claim].budget_fraction,
         'seed_kind': 'training',
         'seeds': seeds,
         'arms': {

@@ -29,7 +29,16 @@ _FAST = (
   ':long --workdir=runs/quickstart_bpe_long_sS --config.seed=S)'
 )
 _FAST_MINUTES = 60
-_FAST_PENDING = 'queued: 3 training seeds of quickstart_bpe.py:long, ~60 min'
+# Recorded 2026-12-05 on 3 training seeds: threshold 0.9 never revealed more
+# than one token per call, so its samples are those of one token per call
+# and the quality ratio would be 1 by construction (the benchmark writes no
+# record then).
+_FAST_PENDING = (
+  'not measurable on these models: threshold 0.9 revealed one token per '
+  'call on all 3 seeds of quickstart_bpe.py:long (no position reaches '
+  'confidence 0.9), so its samples equal one token per call; needs a model '
+  'confident enough to pass the threshold'
+)
 # Parameters of our models over the papers' (LLaDA / Dream, ~8B).
 _SCALE = 1e6 / 8e9
 
@@ -187,7 +196,7 @@ CLAIMS = (
       command=_FAST,
       budget_fraction=_SCALE,
       cost_minutes=_FAST_MINUTES,
-      pending=_FAST_PENDING,
+      pending=_FAST_PENDING if id_ == 'threshold-gen-nll' else '',
     )
     for id_, table, statement, value, metric, protocol, rule in (
       (
