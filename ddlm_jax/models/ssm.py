@@ -15,7 +15,9 @@ y_t = Re(C h_t) + D_skip * u_t:
 - Training aids, both off by default: ``dict_init='permutation'``
   (``permutation_dictionary``: every token's hardened P starts as a
   bijection) and ``relax_temperature`` (train through the dense Sinkhorn
-  relaxation of P_t, ``dense_scan``; evaluation keeps the hardmax).
+  relaxation of P_t, ``dense_scan``; evaluation keeps the hardmax; with
+  ``relax_hard`` the training forward is the hardmax layer itself and only
+  the backward is relaxed).
 - D_t is complex diagonal: |D_t| = sigmoid(MLP_mag(u_t)) (clipped to
   ``max_magnitude`` < 1 so the system stays BIBO-stable in float32, where
   sigmoid saturates to exactly 1), phase = 2 pi sigmoid(MLP_phase(u_t)).
@@ -260,6 +262,13 @@ class SSMMixer(nnx.Module):
       then runs the dense relaxed P_t = sinkhorn(M_t, T) and its exact
       gradient. Annealing T towards 0 trains the maps towards bijections;
       evaluation leaves it None, so the model evaluated is the paper's.
+    relax_hard: None / False (with ``relax_temperature``: the relaxed
+      forward), or True (a bool or a traced scalar, set for a training
+      step): the forward runs the hardened P_t of evaluation
+      (``transition_indices``) and the backward the gradient of the relaxed
+      sinkhorn(M_t, T), P = P_hard + P_soft - stop_gradient(P_soft). Train
+      and evaluation then see the same layer while the gradient still
+      reaches every entry of M_t.
     sinkhorn_iters: Sinkhorn iterations of the relaxed forward.
     harden_temperature: None (the paper: P_t = hardmax of M_t's columns),
       or T1 > 0: P_t = hardmax of sinkhorn(M_t, T1)'s columns, the
@@ -327,6 +336,7 @@ class SSMMixer(nnx.Module):
     self.initial_state = initial_state
     self.init = init
     self.relax_temperature = None
+    self.relax_hard = None
     self.sinkhorn_iters = 20
     if harden_temperature is not None and harden_temperature <= 0:
       raise ValueError(
@@ -416,10 +426,13 @@ class SSMMixer(nnx.Module):
     ``harden_temperature`` T1 the Sinkhorn matrix sinkhorn(M_t, T1), so the
     hardmax reads the columns of the matrix a relaxed run trained towards.
     """
-    m = self.mixture(u_BxLxD)
+    return self._hardening(self.mixture(u_BxLxD))
+
+  def _hardening(self, m_BxLxNxN: jax.Array) -> jax.Array:
+    """The matrix whose column argmax is the hardened P_t, from M_t."""
     if self.harden_temperature is not None:
-      return sinkhorn(m, self.harden_temperature, self.sinkhorn_iters)
-    return column_softmax(m, self.st_temperature)
+      return sinkhorn(m_BxLxNxN, self.harden_temperature, self.sinkhorn_iters)
+    return column_softmax(m_BxLxNxN, self.st_temperature)
 
   def transition_indices(self, u_BxLxD: jax.Array) -> jax.Array:
     """p_idx_BxLxN of the hardened P_t (pdssm only)."""
@@ -467,9 +480,16 @@ class SSMMixer(nnx.Module):
         d, b, h0_BxN=h0_BxN, reverse=self.reverse, impl=self.scan_impl
       )
     if self.relax_temperature is not None:
-      soft = sinkhorn(
-        self.mixture(u_BxLxD), self.relax_temperature, self.sinkhorn_iters
-      )
+      m = self.mixture(u_BxLxD)
+      soft = sinkhorn(m, self.relax_temperature, self.sinkhorn_iters)
+      if self.relax_hard is not None:
+        # Straight-through: the forward is exactly the hardened P_t (soft -
+        # stop_gradient(soft) is 0), the backward that of the relaxation.
+        hard = jax.nn.one_hot(
+          column_argmax(self._hardening(m)), N, axis=-2, dtype=soft.dtype
+        )
+        st = hard + (soft - jax.lax.stop_gradient(soft))
+        soft = jnp.where(self.relax_hard, st, soft)
     else:
       soft = self.relaxed_transition(u_BxLxD)
     if mask_BxL is not None:

@@ -200,6 +200,14 @@ def relax_temperature(config, step: int) -> float:
   return t0 * (t1 / t0) ** min(1.0, step / span)
 
 
+def relax_hard(config, step: int) -> bool:
+  """Whether the training forward at ``step`` is the hardmax layer (with
+  the relaxation's straight-through gradient): from relax_hard_from of
+  the steps on; never with the default 1."""
+  frac = float(config.model.get('relax_hard_from', 1.0))
+  return frac < 1 and step >= frac * config.train.num_steps
+
+
 def _check_relax(m) -> str:
   """model.relax ('' or 'sinkhorn') and its schedule, checked."""
   relax = m.get('relax', '')
@@ -219,6 +227,17 @@ def _check_relax(m) -> str:
     raise ConfigError(
       f'model.relax_temperature={temps!r}: need (T0, T1) with 0 < T1 <= T0.'
     )
+  hard_from = m.get('relax_hard_from', 1.0)
+  if isinstance(hard_from, bool) or not isinstance(hard_from, (int, float)):
+    raise ConfigError(
+      f'model.relax_hard_from={hard_from!r}: must be a number in [0, 1].'
+    )
+  if not 0 <= hard_from <= 1:
+    raise ConfigError(
+      f'model.relax_hard_from={hard_from!r}: must be in [0, 1] (the '
+      'fraction of training after which the forward is the hardmax layer; '
+      '1: never).'
+    )
   if not 0 < m.relax_anneal_fraction <= 1:
     raise ConfigError(
       f'model.relax_anneal_fraction={m.relax_anneal_fraction!r}: must be in '
@@ -230,7 +249,8 @@ def _check_relax(m) -> str:
 def _train_batches(config, seed: int, start: int):
   """The train batches from step ``start`` on (a length curriculum starts
   there directly; the other streams replay to it); with model.relax each
-  batch carries its step's temperature, 'relax_tau' (one per sequence)."""
+  batch carries its step's temperature, 'relax_tau' (one per sequence),
+  and 'relax_hard' (1: hardmax forward, straight-through backward)."""
   batches = _word_batches(config, seed, start)
   if not _check_relax(config.model):
     return batches
@@ -239,7 +259,12 @@ def _train_batches(config, seed: int, start: int):
   def with_tau():
     for step, b in enumerate(batches, start):
       tau = relax_temperature(config, step)
-      yield {**b, 'relax_tau': np.full((size,), tau, np.float32)}
+      hard = float(relax_hard(config, step))
+      yield {
+        **b,
+        'relax_tau': np.full((size,), tau, np.float32),
+        'relax_hard': np.full((size,), hard, np.float32),
+      }
 
   return with_tau()
 
@@ -344,6 +369,8 @@ def _loss_fn(graphdef, on: str):
     if 'relax_tau' in batch:  # Relaxed PD-SSM forward at this temperature.
       for block in model.blocks:
         block.mixer.relax_temperature = batch['relax_tau'][0]
+        if 'relax_hard' in batch:
+          block.mixer.relax_hard = batch['relax_hard'][0] > 0.5
     if on == 'prefix':
       logits = model.logits_all(batch['tokens'], batch['lengths'])
       value, acc, prefix_acc = sc.prefix_metrics(

@@ -200,6 +200,10 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   # With relax: harden sinkhorn(M_t, relax_temperature[1]) instead of M_t
   # (training and evaluation), so evaluation reads what training relaxed.
   c.model.relax_harden = False
+  # With relax: from this fraction of the steps on, the training forward is
+  # the hardmax layer that evaluation runs and only the backward is relaxed
+  # (straight-through, P_hard + P_soft - stop_gradient(P_soft)); 1: never.
+  c.model.relax_hard_from = 1.0
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-3

@@ -1,0 +1,125 @@
+"""Straight-through hardening of the relaxed PD-SSM (model.relax_hard_from).
+
+The forward must be the hardmax layer that evaluation runs, bit for bit in
+its choice of P_t, and the gradient must be the relaxation's: the
+cotangent of a dense P_t taken at the hard value, pulled back through
+sinkhorn(M_t, T).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ddlm_jax.models import ssm
+from ddlm_jax.models.hardmax import column_argmax, sinkhorn
+from ddlm_jax.tasks import state_tracking as st_task
+from ddlm_jax.training.config import ConfigError
+from experiments.configs import state_tracking as cfgs
+
+TAU = 0.3
+
+
+def _mixer(**kw):
+  return ssm.SSMMixer(
+    16, 6, num_dict=4, initial_state='onehot', rngs=nnx.Rngs(0), **kw
+  )
+
+
+def _inputs():
+  u_BxLxD = jax.random.normal(jax.random.key(1), (2, 9, 16))
+  mask_BxL = jnp.arange(9)[None] < jnp.array([[9], [5]])
+  return u_BxLxD, mask_BxL
+
+
+@pytest.mark.parametrize('harden', [None, 0.05])
+def test_straight_through_forward_is_the_hardmax_layer(harden):
+  mixer = _mixer(harden_temperature=harden)
+  u_BxLxD, mask_BxL = _inputs()
+  hard = mixer(u_BxLxD, mask_BxL)  # The evaluation layer.
+  mixer.relax_temperature = TAU
+  relaxed = mixer(u_BxLxD, mask_BxL)
+  assert float(jnp.abs(relaxed - hard).max()) > 0.1  # Really different.
+  mixer.relax_hard = True
+  st = mixer(u_BxLxD, mask_BxL)
+  np.testing.assert_allclose(st, hard, rtol=1e-5, atol=1e-5)
+  # A traced flag (as the training step sets it) selects the forward.
+  mixer.relax_hard = None
+  graphdef, params = nnx.split(mixer)
+
+  @jax.jit
+  def run(flag):
+    m = nnx.merge(graphdef, params)
+    m.relax_hard = flag
+    return m(u_BxLxD, mask_BxL)
+
+  np.testing.assert_allclose(run(jnp.asarray(False)), relaxed, atol=1e-5)
+  np.testing.assert_allclose(run(jnp.asarray(True)), hard, atol=1e-5)
+
+
+def test_straight_through_gradient_is_the_relaxations():
+  mixer = _mixer()
+  u_BxLxD, _ = _inputs()
+  weights_BxLxD = jax.random.normal(jax.random.key(2), u_BxLxD.shape)
+  d = mixer.diagonal(u_BxLxD)
+  b = mixer.inputs(u_BxLxD)
+  h0_BxN = jnp.zeros((2, 6), b.dtype).at[:, 0].set(1)
+  p_hard = jax.nn.one_hot(
+    mixer.transition_indices(u_BxLxD), 6, axis=-2, dtype=jnp.float32
+  )
+
+  def loss_of_p(p_BxLxNxN):
+    # The mixer's output as a function of a dense P_t, everything else
+    # held at the mixer's values.
+    h, _ = ssm.dense_scan(p_BxLxNxN * d[..., None, :], b, h0_BxN)
+    return (mixer.readout(h, u_BxLxD) * weights_BxLxD).sum()
+
+  g_p = jax.grad(loss_of_p)(p_hard)  # Cotangent at the hard P_t.
+
+  graphdef, state = nnx.split(mixer)
+  params = nnx.to_pure_dict(state)  # As the training step holds them.
+
+  def soft_of_dict(dictionary):
+    m = nnx.merge(graphdef, {**params, 'dictionary': dictionary})
+    return sinkhorn(m.mixture(u_BxLxD), TAU, m.sinkhorn_iters)
+
+  _, pull = jax.vjp(soft_of_dict, params['dictionary'])
+  (want,) = pull(g_p)
+
+  def loss(dictionary, hard):
+    m = nnx.merge(graphdef, {**params, 'dictionary': dictionary})
+    m.relax_temperature, m.relax_hard = TAU, hard
+    return (m(u_BxLxD) * weights_BxLxD).sum()
+
+  got = jax.grad(loss)(params['dictionary'], True)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+  assert float(jnp.abs(want).max()) > 1e-3  # The test sees a gradient.
+  # The fully relaxed forward has another gradient (its P is not hard).
+  relaxed = jax.grad(loss)(params['dictionary'], False)
+  assert float(jnp.abs(relaxed - want).max()) > 1e-3
+  # The hard P is what evaluation hardens: the column argmax of M_t.
+  np.testing.assert_array_equal(
+    p_hard.argmax(-2), column_argmax(mixer.mixture(u_BxLxD))
+  )
+
+
+def test_relax_hard_schedule_and_checks():
+  c = cfgs.get_config('pdssm,s3,smoke')
+  assert c.model.relax_hard_from == 1.0  # Default: never.
+  c.model.relax = 'sinkhorn'
+  c.train.num_steps = 100
+  assert not any(st_task.relax_hard(c, s) for s in range(100))
+  assert next(st_task._train_batches(c, 0, 99))['relax_hard'].max() == 0
+  c.model.relax_hard_from = 0.25
+  assert not st_task.relax_hard(c, 24) and st_task.relax_hard(c, 25)
+  np.testing.assert_array_equal(
+    next(st_task._train_batches(c, 0, 30))['relax_hard'], 1
+  )
+  c.model.relax_hard_from = 0.0
+  assert st_task.relax_hard(c, 0)
+  c.model.relax_hard_from = 1.5
+  with pytest.raises(ConfigError, match='relax_hard_from'):
+    st_task.state_tracking_task(c)
