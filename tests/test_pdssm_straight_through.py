@@ -123,3 +123,37 @@ def test_relax_hard_schedule_and_checks():
   c.model.relax_hard_from = 1.5
   with pytest.raises(ConfigError, match='relax_hard_from'):
     st_task.state_tracking_task(c)
+
+
+def test_relax_normalize_makes_the_relaxation_scale_free():
+  mixer = _mixer(relax_normalize=True, harden_temperature=0.05)
+  plain = _mixer()
+  u_BxLxD, mask_BxL = _inputs()
+  m = mixer.mixture(u_BxLxD)
+  # Standardised columns: the hardmax of M_t is unchanged ...
+  z = mixer._sinkhorn_input(m)
+  np.testing.assert_array_equal(column_argmax(z), column_argmax(m))
+  np.testing.assert_allclose(z.std(axis=-2), 1.0, rtol=1e-4)
+  # ... and shrinking M_t (what a model does to stay soft) changes nothing.
+  np.testing.assert_allclose(
+    mixer._sinkhorn_input(0.1 * m), z, rtol=1e-4, atol=1e-4
+  )
+  assert not np.allclose(plain._sinkhorn_input(0.1 * m), z, atol=1e-2)
+  graphdef, state = nnx.split(mixer)
+  params = nnx.to_pure_dict(state)
+  small = nnx.merge(
+    graphdef, {**params, 'dictionary': 0.1 * params['dictionary']}
+  )
+  for m_ in (mixer, small):
+    m_.relax_temperature = TAU
+  np.testing.assert_allclose(
+    small(u_BxLxD, mask_BxL), mixer(u_BxLxD, mask_BxL), rtol=1e-4, atol=1e-4
+  )
+  # The config key reaches the mixer only with a relaxation.
+  c = cfgs.get_config('pdssm,s3,smoke')
+  c.model.relax_normalize = True
+  assert 'relax_normalize' not in dict(
+    st_task.classifier_config(c).mixer_kwargs
+  )
+  c.model.relax = 'sinkhorn'
+  assert dict(st_task.classifier_config(c).mixer_kwargs)['relax_normalize']

@@ -273,6 +273,11 @@ class SSMMixer(nnx.Module):
     harden_temperature: None (the paper: P_t = hardmax of M_t's columns),
       or T1 > 0: P_t = hardmax of sinkhorn(M_t, T1)'s columns, the
       hardening that matches a run relaxed down to T1.
+    relax_normalize: Sinkhorn (relaxed forward and ``harden_temperature``)
+      reads M_t with every column standardised (zero mean, unit std over
+      rows). The column argmax is unchanged, but the model can no longer
+      keep its relaxation soft by shrinking M_t, so the temperature alone
+      sets how close to a permutation the relaxed P_t is.
   """
 
   def __init__(
@@ -292,6 +297,7 @@ class SSMMixer(nnx.Module):
     magnitude_init: float | None = None,
     dict_init: str = 'random',
     harden_temperature: float | None = None,
+    relax_normalize: bool = False,
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
@@ -343,6 +349,7 @@ class SSMMixer(nnx.Module):
         f'harden_temperature must be > 0 (or None), got {harden_temperature}.'
       )
     self.harden_temperature = harden_temperature
+    self.relax_normalize = bool(relax_normalize)
     pd = dict(param_dtype=param_dtype)
     authors = init == 'authors'
     # normal(fan**-0.5) parameters, drawn in the order written here.
@@ -431,8 +438,20 @@ class SSMMixer(nnx.Module):
   def _hardening(self, m_BxLxNxN: jax.Array) -> jax.Array:
     """The matrix whose column argmax is the hardened P_t, from M_t."""
     if self.harden_temperature is not None:
-      return sinkhorn(m_BxLxNxN, self.harden_temperature, self.sinkhorn_iters)
+      return sinkhorn(
+        self._sinkhorn_input(m_BxLxNxN),
+        self.harden_temperature,
+        self.sinkhorn_iters,
+      )
     return column_softmax(m_BxLxNxN, self.st_temperature)
+
+  def _sinkhorn_input(self, m_BxLxNxN: jax.Array) -> jax.Array:
+    """M_t as Sinkhorn reads it: column-standardised with relax_normalize."""
+    if not self.relax_normalize:
+      return m_BxLxNxN
+    mean = m_BxLxNxN.mean(axis=-2, keepdims=True)
+    std = m_BxLxNxN.std(axis=-2, keepdims=True)
+    return (m_BxLxNxN - mean) / (std + 1e-6)
 
   def transition_indices(self, u_BxLxD: jax.Array) -> jax.Array:
     """p_idx_BxLxN of the hardened P_t (pdssm only)."""
@@ -481,7 +500,9 @@ class SSMMixer(nnx.Module):
       )
     if self.relax_temperature is not None:
       m = self.mixture(u_BxLxD)
-      soft = sinkhorn(m, self.relax_temperature, self.sinkhorn_iters)
+      soft = sinkhorn(
+        self._sinkhorn_input(m), self.relax_temperature, self.sinkhorn_iters
+      )
       if self.relax_hard is not None:
         # Straight-through: the forward is exactly the hardened P_t (soft -
         # stop_gradient(soft) is 0), the backward that of the relaxation.

@@ -151,6 +151,8 @@ def _model_options(m) -> dict:
     out['magnitude_init'] = float(mag)
   if _check_relax(m) and m.get('relax_harden', False):
     out['harden_temperature'] = float(tuple(m.relax_temperature)[1])
+  if _check_relax(m) and m.get('relax_normalize', False):
+    out['relax_normalize'] = True
   return out
 
 

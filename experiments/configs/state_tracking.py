@@ -204,6 +204,9 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   # the hardmax layer that evaluation runs and only the backward is relaxed
   # (straight-through, P_hard + P_soft - stop_gradient(P_soft)); 1: never.
   c.model.relax_hard_from = 1.0
+  # With relax: Sinkhorn reads column-standardised M_t (same column argmax),
+  # so the model cannot keep the relaxation soft by shrinking M_t.
+  c.model.relax_normalize = False
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-3
