@@ -157,3 +157,27 @@ def test_relax_normalize_makes_the_relaxation_scale_free():
   )
   c.model.relax = 'sinkhorn'
   assert dict(st_task.classifier_config(c).mixer_kwargs)['relax_normalize']
+
+
+def test_phase_init_starts_every_phase_at_the_given_turn():
+  u_BxLxD, _ = _inputs()
+  mixer = _mixer(phase_init=1e-3, magnitude_init=0.99)
+  d = mixer.diagonal(u_BxLxD)
+  np.testing.assert_allclose(jnp.angle(d), 2 * np.pi * 1e-3, rtol=1e-3)
+  np.testing.assert_allclose(jnp.abs(d).mean(), 0.99, atol=0.02)
+  # The default init draws phases that differ by token and state.
+  assert float(jnp.angle(_mixer().diagonal(u_BxLxD)).std()) > 0.1
+  with pytest.raises(ValueError, match='phase_init'):
+    _mixer(phase_init=1.0)
+  c = cfgs.get_config('pdssm,s3,smoke')
+  assert c.model.phase_init == 0.0
+  c.model.phase_init = 1e-3
+  kwargs = dict(st_task.classifier_config(c).mixer_kwargs)
+  assert kwargs['phase_init'] == 1e-3
+  c.model.phase_init = 1.5
+  with pytest.raises(ConfigError, match='phase_init'):
+    st_task.classifier_config(c)
+  c.model.phase_init = 1e-3
+  c.model.mixer = 'lstm'
+  with pytest.raises(ConfigError, match='phase_init'):
+    st_task.classifier_config(c)

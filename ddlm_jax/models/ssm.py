@@ -273,6 +273,8 @@ class SSMMixer(nnx.Module):
     harden_temperature: None (the paper: P_t = hardmax of M_t's columns),
       or T1 > 0: P_t = hardmax of sinkhorn(M_t, T1)'s columns, the
       hardening that matches a run relaxed down to T1.
+    phase_init: None (default init), or the initial phase of D_t in turns
+      (a fraction of 2 pi), the same for every token and state.
     relax_normalize: Sinkhorn (relaxed forward and ``harden_temperature``)
       reads M_t with every column standardised (zero mean, unit std over
       rows). The column argmax is unchanged, but the model can no longer
@@ -298,6 +300,7 @@ class SSMMixer(nnx.Module):
     dict_init: str = 'random',
     harden_temperature: float | None = None,
     relax_normalize: bool = False,
+    phase_init: float | None = None,
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
@@ -310,6 +313,10 @@ class SSMMixer(nnx.Module):
     if magnitude_init is not None and not 0.0 < magnitude_init < 1.0:
       raise ValueError(
         f'magnitude_init must be in (0, 1) (or None), got {magnitude_init}.'
+      )
+    if phase_init is not None and not 0.0 < phase_init < 1.0:
+      raise ValueError(
+        f'phase_init must be in (0, 1) turns (or None), got {phase_init}.'
       )
     if mode not in MODES:
       raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
@@ -382,6 +389,17 @@ class SSMMixer(nnx.Module):
         # the state survives a training-length sequence at initialisation.
         logit = math.log(magnitude_init / (1.0 - magnitude_init))
         self.mag_mlp.fc2.bias[...] = jnp.full((N,), logit, param_dtype)
+      if phase_init is not None:
+        # Every phase of D_t starts at 2 pi phase_init for every token (the
+        # output kernel zeroed): a small value leaves the state's phase
+        # nearly path-independent, so a permutation solution is read out
+        # the same way after any word (the default init draws each token's
+        # phases around pi, and their sums along a word wander).
+        logit = math.log(phase_init / (1.0 - phase_init))
+        self.phase_mlp.fc2.bias[...] = jnp.full((N,), logit, param_dtype)
+        self.phase_mlp.fc2.kernel[...] = jnp.zeros_like(
+          self.phase_mlp.fc2.kernel[...]
+        )
       self.B_re = normal(fan_b, (D, N), ('embed', 'state'))
       self.B_im = normal(fan_b, (D, N), ('embed', 'state'))
       self.C_im = normal(fan_c, (N, D), ('state', 'embed'))

@@ -126,6 +126,20 @@ def _model_options(m) -> dict:
       f'{_MAGNITUDE_MIXERS} (a learned |D|), not model.mixer={m.mixer!r}; '
       'set model.magnitude_init=0.'
     )
+  phase = m.get('phase_init', 0.0)
+  if isinstance(phase, bool) or not isinstance(phase, (int, float)):
+    raise ConfigError(f'model.phase_init={phase!r}: must be a number.')
+  if phase and not 0.0 < phase < 1.0:
+    raise ConfigError(
+      f'model.phase_init={phase!r}: must be 0 (the default init) or in '
+      '(0, 1), the initial phase of D_t in turns.'
+    )
+  if phase and m.mixer not in _MAGNITUDE_MIXERS:
+    raise ConfigError(
+      f'model.phase_init={phase!r} applies to the mixers '
+      f'{_MAGNITUDE_MIXERS} (a complex D_t), not model.mixer={m.mixer!r}; '
+      'set model.phase_init=0.'
+    )
   dict_init = m.get('dict_init', '')
   if dict_init and dict_init not in ssm.DICT_INITS:
     raise ConfigError(
@@ -149,6 +163,8 @@ def _model_options(m) -> dict:
     out['dict_init'] = dict_init
   if mag:
     out['magnitude_init'] = float(mag)
+  if phase:
+    out['phase_init'] = float(phase)
   if _check_relax(m) and m.get('relax_harden', False):
     out['harden_temperature'] = float(tuple(m.relax_temperature)[1])
   if _check_relax(m) and m.get('relax_normalize', False):

@@ -186,6 +186,9 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   # initial |D_t| in (0, 1) (pdssm, complex_diag, pdssm_paper).
   c.model.init = ''
   c.model.magnitude_init = 0.0
+  # Initial phase of D_t in turns (0: the mixer's default init), the same
+  # for every token and state (pdssm, complex_diag, pdssm_paper).
+  c.model.phase_init = 0.0
   # PD-SSM dictionary init ('' = random): 'permutation' starts every token's
   # hardened P as a bijection (ssm.permutation_dictionary).
   c.model.dict_init = ''
