@@ -181,3 +181,35 @@ def test_phase_init_starts_every_phase_at_the_given_turn():
   c.model.mixer = 'lstm'
   with pytest.raises(ConfigError, match='phase_init'):
     st_task.classifier_config(c)
+
+
+def test_relax_entropy_weight_adds_the_relaxed_p_entropy_to_the_loss():
+  c = cfgs.get_config('pdssm,s3,smoke')
+  c.model.relax = 'sinkhorn'
+  c.model.relax_entropy_weight = 0.5
+  assert st_task.relax_entropy_weight(c) == 0.5
+  ccfg = st_task.classifier_config(c)
+  graphdef, init, _ = st_task.programs(ccfg, True)
+  params = init(jax.random.key(0))
+  batch = next(st_task._train_batches(c, 0, 0))
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  # Jitted, as the training step runs it (the temperature is traced).
+  plain, _ = jax.jit(st_task._loss_fn(graphdef, 'last'))(params, None, batch)
+  value, aux = jax.jit(st_task._loss_fn(graphdef, 'last', 0.5))(
+    params, None, batch
+  )
+  # The entropy the mixers report, recomputed from their relaxed P_t.
+  model = nnx.merge(graphdef, params)
+  x = model.embed(batch['tokens'])
+  mixer = model.blocks[0].mixer
+  u = model.blocks[0].norm1(x) if hasattr(model.blocks[0], 'norm1') else x
+  soft = sinkhorn(mixer.mixture(u), batch['relax_tau'][0], 20)
+  ent0 = -(soft * jnp.log(soft)).sum(-2).mean()
+  assert float(aux['p_entropy']) > float(ent0) > 0  # Every layer adds.
+  np.testing.assert_allclose(value, plain + 0.5 * aux['p_entropy'], rtol=1e-5)
+  # Zero weight or no relaxation: the loss is unchanged.
+  c.model.relax = ''
+  assert st_task.relax_entropy_weight(c) == 0.0
+  c.model.relax_entropy_weight = -1.0
+  with pytest.raises(ConfigError, match='relax_entropy_weight'):
+    st_task.relax_entropy_weight(c)

@@ -350,6 +350,9 @@ class SSMMixer(nnx.Module):
     self.init = init
     self.relax_temperature = None
     self.relax_hard = None
+    # Set by a relaxed forward: mean entropy (nats) of the relaxed P_t's
+    # columns, 0 exactly at a permutation (model.relax_entropy_weight).
+    self.relax_entropy = None
     self.sinkhorn_iters = 20
     if harden_temperature is not None and harden_temperature <= 0:
       raise ValueError(
@@ -520,6 +523,9 @@ class SSMMixer(nnx.Module):
       m = self.mixture(u_BxLxD)
       soft = sinkhorn(
         self._sinkhorn_input(m), self.relax_temperature, self.sinkhorn_iters
+      )
+      self.relax_entropy = -jnp.mean(
+        jnp.sum(soft * jnp.log(jnp.maximum(soft, 1e-12)), axis=-2)
       )
       if self.relax_hard is not None:
         # Straight-through: the forward is exactly the hardened P_t (soft -

@@ -226,6 +226,17 @@ def relax_hard(config, step: int) -> bool:
   return frac < 1 and step >= frac * config.train.num_steps
 
 
+def relax_entropy_weight(config) -> float:
+  """model.relax_entropy_weight (0 without a relaxation), checked."""
+  m = config.model
+  w = m.get('relax_entropy_weight', 0.0)
+  if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
+    raise ConfigError(
+      f'model.relax_entropy_weight={w!r}: must be a number >= 0 (0: off).'
+    )
+  return float(w) if _check_relax(m) else 0.0
+
+
 def _check_relax(m) -> str:
   """model.relax ('' or 'sinkhorn') and its schedule, checked."""
   relax = m.get('relax', '')
@@ -378,7 +389,7 @@ def _check_config(config) -> None:
     )
 
 
-def _loss_fn(graphdef, on: str):
+def _loss_fn(graphdef, on: str, entropy_weight: float = 0.0):
   """The task's loss: last-token, or mean over real positions ('prefix')."""
 
   def loss(params, key, batch):
@@ -394,10 +405,17 @@ def _loss_fn(graphdef, on: str):
       value, acc, prefix_acc = sc.prefix_metrics(
         logits, batch['prefix_labels'], batch['lengths'], batch['labels']
       )
-      return value, {'acc': acc, 'prefix_acc': prefix_acc}
-    logits = model(batch['tokens'], batch['lengths'])
-    value, acc = sc.classification_metrics(logits, batch['labels'])
-    return value, {'acc': acc}
+      aux = {'acc': acc, 'prefix_acc': prefix_acc}
+    else:
+      logits = model(batch['tokens'], batch['lengths'])
+      value, acc = sc.classification_metrics(logits, batch['labels'])
+      aux = {'acc': acc}
+    if entropy_weight and 'relax_tau' in batch:
+      # Pulls every relaxed P_t towards a permutation (0 entropy).
+      ent = sum(block.mixer.relax_entropy for block in model.blocks)
+      value = value + entropy_weight * ent
+      aux['p_entropy'] = ent
+    return value, aux
 
   return loss
 
@@ -620,6 +638,7 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
   ccfg = classifier_config(config)
   tr, seed = config.train, config.seed
   on = loss_on(config)
+  entropy_weight = relax_entropy_weight(config)
   graphdef, init, eval_step = programs(ccfg, bool(tr.fast_compile))
   val = _eval_split(config, 'validation', config.task.num_validation, seed)
   batch = config.eval.batch_size
@@ -636,13 +655,13 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
 
   return Task(
     init=init,
-    loss=_loss_fn(graphdef, on),
+    loss=_loss_fn(graphdef, on, entropy_weight),
     batches=lambda start: _train_batches(config, seed, start),
     evaluate=validate,
     after_eval=_keep_best(float(tr.get('early_stop_accuracy', 0.0))),
     init_extra=_init_extra,
     weight=_real_positions if on == 'prefix' else batch_size_weight,
-    cache_key=('state_tracking', ccfg, on),
+    cache_key=('state_tracking', ccfg, on, entropy_weight),
   )
 
 

@@ -210,6 +210,9 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   # With relax: Sinkhorn reads column-standardised M_t (same column argmax),
   # so the model cannot keep the relaxation soft by shrinking M_t.
   c.model.relax_normalize = False
+  # With relax: weight of the mean column entropy of the relaxed P_t added
+  # to the loss (0: off), pulling the relaxation towards a permutation.
+  c.model.relax_entropy_weight = 0.0
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-3
