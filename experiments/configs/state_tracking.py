@@ -48,9 +48,19 @@ Options for PD-SSM on group tasks (all off by default): model.dict_init
 model.magnitude_init (initial |D|, e.g. 0.99), model.relax='sinkhorn'
 (train through the doubly stochastic Sinkhorn relaxation of P, its
 temperature annealed; evaluation runs the hardmax layer) and
-task.curriculum_steps (short words first). Every validation record of a
-PD-SSM group run carries bijective_frac and homomorphism_frac of the first
-layer's token maps (``ddlm_jax.evaluation.group_maps``).
+task.curriculum_steps (short words first). With model.relax:
+model.relax_hard_from (from that fraction of the steps on the training
+forward is the hardmax layer evaluation runs, the backward the
+relaxation's gradient: P_hard + P_soft - stop_gradient(P_soft)),
+model.relax_normalize (Sinkhorn reads column-standardised M_t, so the model
+cannot keep its relaxation soft by shrinking M_t; the column argmax is
+unchanged) and model.relax_entropy_weight (the relaxed P_t's column
+entropy added to the loss). model.phase_init starts every phase of D_t at
+one small turn (1e-4): the default init draws phases around pi that differ
+by token and state, so the phase of a permutation state wanders along a
+word. Every validation record of a PD-SSM group run carries bijective_frac
+and homomorphism_frac of the first layer's token maps
+(``ddlm_jax.evaluation.group_maps``).
 
 Paper Table 2 (test accuracy %, mean +- std over 5 seeds; random 20/50/20/50;
 the paper), columns cycle nav / even pairs / mod arith / parity:
