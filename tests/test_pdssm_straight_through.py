@@ -213,3 +213,46 @@ def test_relax_entropy_weight_adds_the_relaxed_p_entropy_to_the_loss():
   c.model.relax_entropy_weight = -1.0
   with pytest.raises(ConfigError, match='relax_entropy_weight'):
     st_task.relax_entropy_weight(c)
+
+
+def test_input_init_scale_scales_b():
+  u_BxLxD, _ = _inputs()
+  base, zero = _mixer(), _mixer(input_init_scale=0.0)
+  half = _mixer(input_init_scale=0.5)
+  np.testing.assert_array_equal(zero.inputs(u_BxLxD), 0)
+  np.testing.assert_allclose(
+    half.inputs(u_BxLxD), 0.5 * base.inputs(u_BxLxD), rtol=1e-6
+  )
+  with pytest.raises(ValueError, match='input_init_scale'):
+    _mixer(input_init_scale=-1.0)
+  c = cfgs.get_config('pdssm,s3,smoke')
+  assert 'input_init_scale' not in dict(
+    st_task.classifier_config(c).mixer_kwargs
+  )
+  c.model.input_init_scale = 0.0
+  assert dict(st_task.classifier_config(c).mixer_kwargs)[
+    'input_init_scale'
+  ] == (0.0)
+  c.model.mixer = 'transformer'
+  with pytest.raises(ConfigError, match='input_init_scale'):
+    st_task.classifier_config(c)
+
+
+def test_groups_preset_builds_the_documented_layer():
+  c = cfgs.get_config('pdssm,s3,groups')
+  assert c.model.num_layers == 1 and c.model.state_size == 6  # |S3|
+  assert c.task.loss_on == 'prefix' and c.task.curriculum_steps > 0
+  kwargs = dict(st_task.classifier_config(c).mixer_kwargs)
+  assert kwargs['dict_init'] == 'permutation'
+  assert kwargs['relax_normalize'] and kwargs['phase_init'] > 0
+  assert kwargs['harden_temperature'] == c.model.relax_temperature[1]
+  st_task.state_tracking_task(c)  # Every option passes the task's checks.
+  # The evaluation layer is the paper's: one-hot P, complex diagonal D.
+  ccfg = st_task.classifier_config(c)
+  graphdef, init, _ = st_task.programs(ccfg, True)
+  model = nnx.merge(graphdef, init(jax.random.key(0)))
+  mixer = model.blocks[0].mixer
+  u = jax.random.normal(jax.random.key(1), (1, 4, c.model.d_model))
+  assert mixer.relax_temperature is None
+  assert mixer.transition_indices(u).shape == (1, 4, 6)
+  assert jnp.iscomplexobj(mixer.diagonal(u))

@@ -275,6 +275,8 @@ class SSMMixer(nnx.Module):
       hardening that matches a run relaxed down to T1.
     phase_init: None (default init), or the initial phase of D_t in turns
       (a fraction of 2 pi), the same for every token and state.
+    input_init_scale: B (pdssm, complex_diag) starts as this multiple of
+      its default init; 0 starts the layer without input.
     relax_normalize: Sinkhorn (relaxed forward and ``harden_temperature``)
       reads M_t with every column standardised (zero mean, unit std over
       rows). The column argmax is unchanged, but the model can no longer
@@ -301,6 +303,7 @@ class SSMMixer(nnx.Module):
     harden_temperature: float | None = None,
     relax_normalize: bool = False,
     phase_init: float | None = None,
+    input_init_scale: float = 1.0,
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
@@ -313,6 +316,10 @@ class SSMMixer(nnx.Module):
     if magnitude_init is not None and not 0.0 < magnitude_init < 1.0:
       raise ValueError(
         f'magnitude_init must be in (0, 1) (or None), got {magnitude_init}.'
+      )
+    if input_init_scale < 0:
+      raise ValueError(
+        f'input_init_scale must be >= 0, got {input_init_scale}.'
       )
     if phase_init is not None and not 0.0 < phase_init < 1.0:
       raise ValueError(
@@ -405,6 +412,11 @@ class SSMMixer(nnx.Module):
         )
       self.B_re = normal(fan_b, (D, N), ('embed', 'state'))
       self.B_im = normal(fan_b, (D, N), ('embed', 'state'))
+      if input_init_scale != 1.0:
+        # A permutation state started at h_0 = e_0 needs no input; the
+        # input a random B adds every step piles up over long words.
+        self.B_re[...] = input_init_scale * self.B_re[...]
+        self.B_im[...] = input_init_scale * self.B_im[...]
       self.C_im = normal(fan_c, (N, D), ('state', 'embed'))
     else:
       self.dt_proj = lecun_dense(D, N, ('embed', 'state'), rngs=rngs, **pd)

@@ -140,6 +140,21 @@ def _model_options(m) -> dict:
       f'{_MAGNITUDE_MIXERS} (a complex D_t), not model.mixer={m.mixer!r}; '
       'set model.phase_init=0.'
     )
+  in_scale = m.get('input_init_scale', 1.0)
+  if (
+    isinstance(in_scale, bool)
+    or not isinstance(in_scale, (int, float))
+    or in_scale < 0
+  ):
+    raise ConfigError(
+      f'model.input_init_scale={in_scale!r}: must be a number >= 0 (1: the '
+      'default init of B).'
+    )
+  if in_scale != 1.0 and m.mixer not in _MAGNITUDE_MIXERS:
+    raise ConfigError(
+      f'model.input_init_scale={in_scale!r} applies to the mixers '
+      f'{_MAGNITUDE_MIXERS}, not model.mixer={m.mixer!r}; set it to 1.'
+    )
   dict_init = m.get('dict_init', '')
   if dict_init and dict_init not in ssm.DICT_INITS:
     raise ConfigError(
@@ -165,6 +180,8 @@ def _model_options(m) -> dict:
     out['magnitude_init'] = float(mag)
   if phase:
     out['phase_init'] = float(phase)
+  if in_scale != 1.0:
+    out['input_init_scale'] = float(in_scale)
   if _check_relax(m) and m.get('relax_harden', False):
     out['harden_temperature'] = float(tuple(m.relax_temperature)[1])
   if _check_relax(m) and m.get('relax_normalize', False):
