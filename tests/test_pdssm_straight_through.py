@@ -256,3 +256,29 @@ def test_groups_preset_builds_the_documented_layer():
   assert mixer.relax_temperature is None
   assert mixer.transition_indices(u).shape == (1, 4, 6)
   assert jnp.iscomplexobj(mixer.diagonal(u))
+
+
+def test_phase_penalty_adds_the_mean_squared_wrapped_phase():
+  c = cfgs.get_config('pdssm,s3,smoke')
+  c.model.num_layers = 1
+  c.model.phase_penalty_weight = 2.0
+  with pytest.raises(ConfigError, match='phase_penalty_weight'):
+    st_task.relax_phase_weight(c)  # Needs the relaxed forward.
+  c.model.relax = 'sinkhorn'
+  assert st_task.relax_phase_weight(c) == 2.0
+  graphdef, init, _ = st_task.programs(st_task.classifier_config(c), True)
+  params = init(jax.random.key(0))
+  batch = {
+    k: jnp.asarray(v) for k, v in next(st_task._train_batches(c, 0, 0)).items()
+  }
+  plain, _ = jax.jit(st_task._loss_fn(graphdef, 'last'))(params, None, batch)
+  value, aux = jax.jit(st_task._loss_fn(graphdef, 'last', 0.0, 2.0))(
+    params, None, batch
+  )
+  model = nnx.merge(graphdef, params)
+  block = model.blocks[0]
+  u = block.norm1(model.embed(batch['tokens']))
+  phase = jnp.angle(block.mixer.diagonal(u))  # In [-pi, pi].
+  np.testing.assert_allclose(aux['phase_sq'], (phase**2).mean(), rtol=1e-4)
+  assert float(aux['phase_sq']) > 0.1  # Default init: phases around pi.
+  np.testing.assert_allclose(value, plain + 2.0 * aux['phase_sq'], rtol=1e-5)

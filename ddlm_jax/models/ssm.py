@@ -360,6 +360,10 @@ class SSMMixer(nnx.Module):
     # Set by a relaxed forward: mean entropy (nats) of the relaxed P_t's
     # columns, 0 exactly at a permutation (model.relax_entropy_weight).
     self.relax_entropy = None
+    # Set by a relaxed forward as well: mean squared phase of D_t (radians,
+    # wrapped to [-pi, pi]), 0 when every state keeps its phase
+    # (model.phase_penalty_weight).
+    self.phase_square = None
     self.sinkhorn_iters = 20
     if harden_temperature is not None and harden_temperature <= 0:
       raise ValueError(
@@ -536,6 +540,9 @@ class SSMMixer(nnx.Module):
       soft = sinkhorn(
         self._sinkhorn_input(m), self.relax_temperature, self.sinkhorn_iters
       )
+      turns = jax.nn.sigmoid(self.phase_mlp(u_BxLxD))
+      wrapped = 2 * jnp.pi * jnp.minimum(turns, 1.0 - turns)
+      self.phase_square = jnp.mean(wrapped**2)
       self.relax_entropy = -jnp.mean(
         jnp.sum(soft * jnp.log(jnp.maximum(soft, 1e-12)), axis=-2)
       )

@@ -254,6 +254,23 @@ def relax_entropy_weight(config) -> float:
   return float(w) if _check_relax(m) else 0.0
 
 
+def relax_phase_weight(config) -> float:
+  """model.phase_penalty_weight (0 without a relaxation), checked."""
+  m = config.model
+  w = m.get('phase_penalty_weight', 0.0)
+  if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
+    raise ConfigError(
+      f'model.phase_penalty_weight={w!r}: must be a number >= 0 (0: off).'
+    )
+  if w and not _check_relax(m):
+    raise ConfigError(
+      f'model.phase_penalty_weight={w!r} needs model.relax (the relaxed '
+      "forward reports the phases); set model.relax='sinkhorn' or the "
+      'weight to 0.'
+    )
+  return float(w)
+
+
 def _check_relax(m) -> str:
   """model.relax ('' or 'sinkhorn') and its schedule, checked."""
   relax = m.get('relax', '')
@@ -406,7 +423,9 @@ def _check_config(config) -> None:
     )
 
 
-def _loss_fn(graphdef, on: str, entropy_weight: float = 0.0):
+def _loss_fn(
+  graphdef, on: str, entropy_weight: float = 0.0, phase_weight: float = 0.0
+):
   """The task's loss: last-token, or mean over real positions ('prefix')."""
 
   def loss(params, key, batch):
@@ -432,6 +451,12 @@ def _loss_fn(graphdef, on: str, entropy_weight: float = 0.0):
       ent = sum(block.mixer.relax_entropy for block in model.blocks)
       value = value + entropy_weight * ent
       aux['p_entropy'] = ent
+    if phase_weight and 'relax_tau' in batch:
+      # Pulls the phases of D_t to 0, so a permutation state read out after
+      # 40 steps is read out the same after 256.
+      sq = sum(block.mixer.phase_square for block in model.blocks)
+      value = value + phase_weight * sq
+      aux['phase_sq'] = sq
     return value, aux
 
   return loss
@@ -656,6 +681,7 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
   tr, seed = config.train, config.seed
   on = loss_on(config)
   entropy_weight = relax_entropy_weight(config)
+  phase_weight = relax_phase_weight(config)
   graphdef, init, eval_step = programs(ccfg, bool(tr.fast_compile))
   val = _eval_split(config, 'validation', config.task.num_validation, seed)
   batch = config.eval.batch_size
@@ -672,13 +698,13 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
 
   return Task(
     init=init,
-    loss=_loss_fn(graphdef, on, entropy_weight),
+    loss=_loss_fn(graphdef, on, entropy_weight, phase_weight),
     batches=lambda start: _train_batches(config, seed, start),
     evaluate=validate,
     after_eval=_keep_best(float(tr.get('early_stop_accuracy', 0.0))),
     init_extra=_init_extra,
     weight=_real_positions if on == 'prefix' else batch_size_weight,
-    cache_key=('state_tracking', ccfg, on, entropy_weight),
+    cache_key=('state_tracking', ccfg, on, entropy_weight, phase_weight),
   )
 
 

@@ -226,6 +226,9 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   # With relax: weight of the mean column entropy of the relaxed P_t added
   # to the loss (0: off), pulling the relaxation towards a permutation.
   c.model.relax_entropy_weight = 0.0
+  # With relax: weight of the mean squared phase of D_t (radians, wrapped)
+  # added to the loss (0: off), so phases stay 0 unless the task needs them.
+  c.model.phase_penalty_weight = 0.0
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 2e-3
