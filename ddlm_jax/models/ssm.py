@@ -465,6 +465,18 @@ class SSMMixer(nnx.Module):
     s_BxLxK = jax.nn.softmax(self.select(u_BxLxD), axis=-1)
     return jnp.einsum('blk,kij->blij', s_BxLxK, self.dictionary[...])
 
+  def _record(self, name: str, value: jax.Array) -> None:
+    """Keeps a loss term of a traced (training) forward on the module.
+
+    nnx refuses a concrete array on a static attribute, so an eager call
+    (a test, an analysis) leaves the term unset; the training step, which
+    always traces, reads it.
+    """
+    try:
+      setattr(self, name, value)
+    except ValueError:
+      pass
+
   def relaxed_transition(self, u_BxLxD: jax.Array) -> jax.Array:
     """Column softmax of M_t (the straight-through surrogate), or with
     ``harden_temperature`` T1 the Sinkhorn matrix sinkhorn(M_t, T1), so the
@@ -542,9 +554,10 @@ class SSMMixer(nnx.Module):
       )
       turns = jax.nn.sigmoid(self.phase_mlp(u_BxLxD))
       wrapped = 2 * jnp.pi * jnp.minimum(turns, 1.0 - turns)
-      self.phase_square = jnp.mean(wrapped**2)
-      self.relax_entropy = -jnp.mean(
-        jnp.sum(soft * jnp.log(jnp.maximum(soft, 1e-12)), axis=-2)
+      self._record('phase_square', jnp.mean(wrapped**2))
+      self._record(
+        'relax_entropy',
+        -jnp.mean(jnp.sum(soft * jnp.log(jnp.maximum(soft, 1e-12)), -2)),
       )
       if self.relax_hard is not None:
         # Straight-through: the forward is exactly the hardened P_t (soft -
