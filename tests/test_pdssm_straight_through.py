@@ -1,9 +1,13 @@
-"""Straight-through hardening of the relaxed PD-SSM (model.relax_hard_from).
+"""PD-SSM training options behind the 'groups' preset (all default off).
 
-The forward must be the hardmax layer that evaluation runs, bit for bit in
-its choice of P_t, and the gradient must be the relaxation's: the
-cotangent of a dense P_t taken at the hard value, pulled back through
-sinkhorn(M_t, T).
+- straight-through hardening (model.relax_hard_from): the forward is the
+  hardmax layer that evaluation runs, the gradient the relaxation's (the
+  cotangent of a dense P_t at the hard value, pulled back through
+  sinkhorn(M_t, T));
+- relax_normalize: the relaxation no longer depends on M_t's scale;
+- relax_entropy_weight and phase_penalty_weight: the loss terms they add;
+- phase_init and input_init_scale: the initial D_t phases and B;
+- the 'groups' preset builds the paper's layer for evaluation.
 """
 
 from __future__ import annotations
