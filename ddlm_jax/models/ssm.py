@@ -15,7 +15,9 @@ y_t = Re(C h_t) + D_skip * u_t:
 - Training aids, both off by default: ``dict_init='permutation'``
   (``permutation_dictionary``: every token's hardened P starts as a
   bijection) and ``relax_temperature`` (train through the dense Sinkhorn
-  relaxation of P_t, ``dense_scan``; evaluation keeps the hardmax).
+  relaxation of P_t, ``dense_scan``; evaluation keeps the hardmax; with
+  ``relax_hard`` the training forward is the hardmax layer itself and only
+  the backward is relaxed).
 - D_t is complex diagonal: |D_t| = sigmoid(MLP_mag(u_t)) (clipped to
   ``max_magnitude`` < 1 so the system stays BIBO-stable in float32, where
   sigmoid saturates to exactly 1), phase = 2 pi sigmoid(MLP_phase(u_t)).
@@ -260,10 +262,26 @@ class SSMMixer(nnx.Module):
       then runs the dense relaxed P_t = sinkhorn(M_t, T) and its exact
       gradient. Annealing T towards 0 trains the maps towards bijections;
       evaluation leaves it None, so the model evaluated is the paper's.
+    relax_hard: None / False (with ``relax_temperature``: the relaxed
+      forward), or True (a bool or a traced scalar, set for a training
+      step): the forward runs the hardened P_t of evaluation
+      (``transition_indices``) and the backward the gradient of the relaxed
+      sinkhorn(M_t, T), P = P_hard + P_soft - stop_gradient(P_soft). Train
+      and evaluation then see the same layer while the gradient still
+      reaches every entry of M_t.
     sinkhorn_iters: Sinkhorn iterations of the relaxed forward.
     harden_temperature: None (the paper: P_t = hardmax of M_t's columns),
       or T1 > 0: P_t = hardmax of sinkhorn(M_t, T1)'s columns, the
       hardening that matches a run relaxed down to T1.
+    phase_init: None (default init), or the initial phase of D_t in turns
+      (a fraction of 2 pi), the same for every token and state.
+    input_init_scale: B (pdssm, complex_diag) starts as this multiple of
+      its default init; 0 starts the layer without input.
+    relax_normalize: Sinkhorn (relaxed forward and ``harden_temperature``)
+      reads M_t with every column standardised (zero mean, unit std over
+      rows). The column argmax is unchanged, but the model can no longer
+      keep its relaxation soft by shrinking M_t, so the temperature alone
+      sets how close to a permutation the relaxed P_t is.
   """
 
   def __init__(
@@ -283,6 +301,9 @@ class SSMMixer(nnx.Module):
     magnitude_init: float | None = None,
     dict_init: str = 'random',
     harden_temperature: float | None = None,
+    relax_normalize: bool = False,
+    phase_init: float | None = None,
+    input_init_scale: float = 1.0,
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
@@ -295,6 +316,14 @@ class SSMMixer(nnx.Module):
     if magnitude_init is not None and not 0.0 < magnitude_init < 1.0:
       raise ValueError(
         f'magnitude_init must be in (0, 1) (or None), got {magnitude_init}.'
+      )
+    if input_init_scale < 0:
+      raise ValueError(
+        f'input_init_scale must be >= 0, got {input_init_scale}.'
+      )
+    if phase_init is not None and not 0.0 < phase_init < 1.0:
+      raise ValueError(
+        f'phase_init must be in (0, 1) turns (or None), got {phase_init}.'
       )
     if mode not in MODES:
       raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
@@ -327,12 +356,21 @@ class SSMMixer(nnx.Module):
     self.initial_state = initial_state
     self.init = init
     self.relax_temperature = None
+    self.relax_hard = None
+    # Set by a relaxed forward: mean entropy (nats) of the relaxed P_t's
+    # columns, 0 exactly at a permutation (model.relax_entropy_weight).
+    self.relax_entropy = None
+    # Set by a relaxed forward as well: mean squared phase of D_t (radians,
+    # wrapped to [-pi, pi]), 0 when every state keeps its phase
+    # (model.phase_penalty_weight).
+    self.phase_square = None
     self.sinkhorn_iters = 20
     if harden_temperature is not None and harden_temperature <= 0:
       raise ValueError(
         f'harden_temperature must be > 0 (or None), got {harden_temperature}.'
       )
     self.harden_temperature = harden_temperature
+    self.relax_normalize = bool(relax_normalize)
     pd = dict(param_dtype=param_dtype)
     authors = init == 'authors'
     # normal(fan**-0.5) parameters, drawn in the order written here.
@@ -365,8 +403,24 @@ class SSMMixer(nnx.Module):
         # the state survives a training-length sequence at initialisation.
         logit = math.log(magnitude_init / (1.0 - magnitude_init))
         self.mag_mlp.fc2.bias[...] = jnp.full((N,), logit, param_dtype)
+      if phase_init is not None:
+        # Every phase of D_t starts at 2 pi phase_init for every token (the
+        # output kernel zeroed): a small value leaves the state's phase
+        # nearly path-independent, so a permutation solution is read out
+        # the same way after any word (the default init draws each token's
+        # phases around pi, and their sums along a word wander).
+        logit = math.log(phase_init / (1.0 - phase_init))
+        self.phase_mlp.fc2.bias[...] = jnp.full((N,), logit, param_dtype)
+        self.phase_mlp.fc2.kernel[...] = jnp.zeros_like(
+          self.phase_mlp.fc2.kernel[...]
+        )
       self.B_re = normal(fan_b, (D, N), ('embed', 'state'))
       self.B_im = normal(fan_b, (D, N), ('embed', 'state'))
+      if input_init_scale != 1.0:
+        # A permutation state started at h_0 = e_0 needs no input; the
+        # input a random B adds every step piles up over long words.
+        self.B_re[...] = input_init_scale * self.B_re[...]
+        self.B_im[...] = input_init_scale * self.B_im[...]
       self.C_im = normal(fan_c, (N, D), ('state', 'embed'))
     else:
       self.dt_proj = lecun_dense(D, N, ('embed', 'state'), rngs=rngs, **pd)
@@ -411,15 +465,42 @@ class SSMMixer(nnx.Module):
     s_BxLxK = jax.nn.softmax(self.select(u_BxLxD), axis=-1)
     return jnp.einsum('blk,kij->blij', s_BxLxK, self.dictionary[...])
 
+  def _record(self, name: str, value: jax.Array) -> None:
+    """Keeps a loss term of a traced (training) forward on the module.
+
+    nnx refuses a concrete array on a static attribute, so an eager call
+    (a test, an analysis) leaves the term unset; the training step, which
+    always traces, reads it.
+    """
+    try:
+      setattr(self, name, value)
+    except ValueError:
+      pass
+
   def relaxed_transition(self, u_BxLxD: jax.Array) -> jax.Array:
     """Column softmax of M_t (the straight-through surrogate), or with
     ``harden_temperature`` T1 the Sinkhorn matrix sinkhorn(M_t, T1), so the
     hardmax reads the columns of the matrix a relaxed run trained towards.
     """
-    m = self.mixture(u_BxLxD)
+    return self._hardening(self.mixture(u_BxLxD))
+
+  def _hardening(self, m_BxLxNxN: jax.Array) -> jax.Array:
+    """The matrix whose column argmax is the hardened P_t, from M_t."""
     if self.harden_temperature is not None:
-      return sinkhorn(m, self.harden_temperature, self.sinkhorn_iters)
-    return column_softmax(m, self.st_temperature)
+      return sinkhorn(
+        self._sinkhorn_input(m_BxLxNxN),
+        self.harden_temperature,
+        self.sinkhorn_iters,
+      )
+    return column_softmax(m_BxLxNxN, self.st_temperature)
+
+  def _sinkhorn_input(self, m_BxLxNxN: jax.Array) -> jax.Array:
+    """M_t as Sinkhorn reads it: column-standardised with relax_normalize."""
+    if not self.relax_normalize:
+      return m_BxLxNxN
+    mean = m_BxLxNxN.mean(axis=-2, keepdims=True)
+    std = m_BxLxNxN.std(axis=-2, keepdims=True)
+    return (m_BxLxNxN - mean) / (std + 1e-6)
 
   def transition_indices(self, u_BxLxD: jax.Array) -> jax.Array:
     """p_idx_BxLxN of the hardened P_t (pdssm only)."""
@@ -467,9 +548,25 @@ class SSMMixer(nnx.Module):
         d, b, h0_BxN=h0_BxN, reverse=self.reverse, impl=self.scan_impl
       )
     if self.relax_temperature is not None:
+      m = self.mixture(u_BxLxD)
       soft = sinkhorn(
-        self.mixture(u_BxLxD), self.relax_temperature, self.sinkhorn_iters
+        self._sinkhorn_input(m), self.relax_temperature, self.sinkhorn_iters
       )
+      turns = jax.nn.sigmoid(self.phase_mlp(u_BxLxD))
+      wrapped = 2 * jnp.pi * jnp.minimum(turns, 1.0 - turns)
+      self._record('phase_square', jnp.mean(wrapped**2))
+      self._record(
+        'relax_entropy',
+        -jnp.mean(jnp.sum(soft * jnp.log(jnp.maximum(soft, 1e-12)), -2)),
+      )
+      if self.relax_hard is not None:
+        # Straight-through: the forward is exactly the hardened P_t (soft -
+        # stop_gradient(soft) is 0), the backward that of the relaxation.
+        hard = jax.nn.one_hot(
+          column_argmax(self._hardening(m)), N, axis=-2, dtype=soft.dtype
+        )
+        st = hard + (soft - jax.lax.stop_gradient(soft))
+        soft = jnp.where(self.relax_hard, st, soft)
     else:
       soft = self.relaxed_transition(u_BxLxD)
     if mask_BxL is not None:

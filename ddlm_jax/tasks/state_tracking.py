@@ -126,6 +126,35 @@ def _model_options(m) -> dict:
       f'{_MAGNITUDE_MIXERS} (a learned |D|), not model.mixer={m.mixer!r}; '
       'set model.magnitude_init=0.'
     )
+  phase = m.get('phase_init', 0.0)
+  if isinstance(phase, bool) or not isinstance(phase, (int, float)):
+    raise ConfigError(f'model.phase_init={phase!r}: must be a number.')
+  if phase and not 0.0 < phase < 1.0:
+    raise ConfigError(
+      f'model.phase_init={phase!r}: must be 0 (the default init) or in '
+      '(0, 1), the initial phase of D_t in turns.'
+    )
+  if phase and m.mixer not in _MAGNITUDE_MIXERS:
+    raise ConfigError(
+      f'model.phase_init={phase!r} applies to the mixers '
+      f'{_MAGNITUDE_MIXERS} (a complex D_t), not model.mixer={m.mixer!r}; '
+      'set model.phase_init=0.'
+    )
+  in_scale = m.get('input_init_scale', 1.0)
+  if (
+    isinstance(in_scale, bool)
+    or not isinstance(in_scale, (int, float))
+    or in_scale < 0
+  ):
+    raise ConfigError(
+      f'model.input_init_scale={in_scale!r}: must be a number >= 0 (1: the '
+      'default init of B).'
+    )
+  if in_scale != 1.0 and m.mixer not in _MAGNITUDE_MIXERS:
+    raise ConfigError(
+      f'model.input_init_scale={in_scale!r} applies to the mixers '
+      f'{_MAGNITUDE_MIXERS}, not model.mixer={m.mixer!r}; set it to 1.'
+    )
   dict_init = m.get('dict_init', '')
   if dict_init and dict_init not in ssm.DICT_INITS:
     raise ConfigError(
@@ -149,8 +178,14 @@ def _model_options(m) -> dict:
     out['dict_init'] = dict_init
   if mag:
     out['magnitude_init'] = float(mag)
+  if phase:
+    out['phase_init'] = float(phase)
+  if in_scale != 1.0:
+    out['input_init_scale'] = float(in_scale)
   if _check_relax(m) and m.get('relax_harden', False):
     out['harden_temperature'] = float(tuple(m.relax_temperature)[1])
+  if _check_relax(m) and m.get('relax_normalize', False):
+    out['relax_normalize'] = True
   return out
 
 
@@ -200,6 +235,42 @@ def relax_temperature(config, step: int) -> float:
   return t0 * (t1 / t0) ** min(1.0, step / span)
 
 
+def relax_hard(config, step: int) -> bool:
+  """Whether the training forward at ``step`` is the hardmax layer (with
+  the relaxation's straight-through gradient): from relax_hard_from of
+  the steps on; never with the default 1."""
+  frac = float(config.model.get('relax_hard_from', 1.0))
+  return frac < 1 and step >= frac * config.train.num_steps
+
+
+def relax_entropy_weight(config) -> float:
+  """model.relax_entropy_weight (0 without a relaxation), checked."""
+  m = config.model
+  w = m.get('relax_entropy_weight', 0.0)
+  if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
+    raise ConfigError(
+      f'model.relax_entropy_weight={w!r}: must be a number >= 0 (0: off).'
+    )
+  return float(w) if _check_relax(m) else 0.0
+
+
+def relax_phase_weight(config) -> float:
+  """model.phase_penalty_weight (0 without a relaxation), checked."""
+  m = config.model
+  w = m.get('phase_penalty_weight', 0.0)
+  if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
+    raise ConfigError(
+      f'model.phase_penalty_weight={w!r}: must be a number >= 0 (0: off).'
+    )
+  if w and not _check_relax(m):
+    raise ConfigError(
+      f'model.phase_penalty_weight={w!r} needs model.relax (the relaxed '
+      "forward reports the phases); set model.relax='sinkhorn' or the "
+      'weight to 0.'
+    )
+  return float(w)
+
+
 def _check_relax(m) -> str:
   """model.relax ('' or 'sinkhorn') and its schedule, checked."""
   relax = m.get('relax', '')
@@ -219,6 +290,17 @@ def _check_relax(m) -> str:
     raise ConfigError(
       f'model.relax_temperature={temps!r}: need (T0, T1) with 0 < T1 <= T0.'
     )
+  hard_from = m.get('relax_hard_from', 1.0)
+  if isinstance(hard_from, bool) or not isinstance(hard_from, (int, float)):
+    raise ConfigError(
+      f'model.relax_hard_from={hard_from!r}: must be a number in [0, 1].'
+    )
+  if not 0 <= hard_from <= 1:
+    raise ConfigError(
+      f'model.relax_hard_from={hard_from!r}: must be in [0, 1] (the '
+      'fraction of training after which the forward is the hardmax layer; '
+      '1: never).'
+    )
   if not 0 < m.relax_anneal_fraction <= 1:
     raise ConfigError(
       f'model.relax_anneal_fraction={m.relax_anneal_fraction!r}: must be in '
@@ -230,7 +312,8 @@ def _check_relax(m) -> str:
 def _train_batches(config, seed: int, start: int):
   """The train batches from step ``start`` on (a length curriculum starts
   there directly; the other streams replay to it); with model.relax each
-  batch carries its step's temperature, 'relax_tau' (one per sequence)."""
+  batch carries its step's temperature, 'relax_tau' (one per sequence),
+  and 'relax_hard' (1: hardmax forward, straight-through backward)."""
   batches = _word_batches(config, seed, start)
   if not _check_relax(config.model):
     return batches
@@ -239,7 +322,12 @@ def _train_batches(config, seed: int, start: int):
   def with_tau():
     for step, b in enumerate(batches, start):
       tau = relax_temperature(config, step)
-      yield {**b, 'relax_tau': np.full((size,), tau, np.float32)}
+      hard = float(relax_hard(config, step))
+      yield {
+        **b,
+        'relax_tau': np.full((size,), tau, np.float32),
+        'relax_hard': np.full((size,), hard, np.float32),
+      }
 
   return with_tau()
 
@@ -335,7 +423,9 @@ def _check_config(config) -> None:
     )
 
 
-def _loss_fn(graphdef, on: str):
+def _loss_fn(
+  graphdef, on: str, entropy_weight: float = 0.0, phase_weight: float = 0.0
+):
   """The task's loss: last-token, or mean over real positions ('prefix')."""
 
   def loss(params, key, batch):
@@ -344,15 +434,30 @@ def _loss_fn(graphdef, on: str):
     if 'relax_tau' in batch:  # Relaxed PD-SSM forward at this temperature.
       for block in model.blocks:
         block.mixer.relax_temperature = batch['relax_tau'][0]
+        if 'relax_hard' in batch:
+          block.mixer.relax_hard = batch['relax_hard'][0] > 0.5
     if on == 'prefix':
       logits = model.logits_all(batch['tokens'], batch['lengths'])
       value, acc, prefix_acc = sc.prefix_metrics(
         logits, batch['prefix_labels'], batch['lengths'], batch['labels']
       )
-      return value, {'acc': acc, 'prefix_acc': prefix_acc}
-    logits = model(batch['tokens'], batch['lengths'])
-    value, acc = sc.classification_metrics(logits, batch['labels'])
-    return value, {'acc': acc}
+      aux = {'acc': acc, 'prefix_acc': prefix_acc}
+    else:
+      logits = model(batch['tokens'], batch['lengths'])
+      value, acc = sc.classification_metrics(logits, batch['labels'])
+      aux = {'acc': acc}
+    if entropy_weight and 'relax_tau' in batch:
+      # Pulls every relaxed P_t towards a permutation (0 entropy).
+      ent = sum(block.mixer.relax_entropy for block in model.blocks)
+      value = value + entropy_weight * ent
+      aux['p_entropy'] = ent
+    if phase_weight and 'relax_tau' in batch:
+      # Pulls the phases of D_t to 0, so a permutation state read out after
+      # 40 steps is read out the same after 256.
+      sq = sum(block.mixer.phase_square for block in model.blocks)
+      value = value + phase_weight * sq
+      aux['phase_sq'] = sq
+    return value, aux
 
   return loss
 
@@ -575,6 +680,8 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
   ccfg = classifier_config(config)
   tr, seed = config.train, config.seed
   on = loss_on(config)
+  entropy_weight = relax_entropy_weight(config)
+  phase_weight = relax_phase_weight(config)
   graphdef, init, eval_step = programs(ccfg, bool(tr.fast_compile))
   val = _eval_split(config, 'validation', config.task.num_validation, seed)
   batch = config.eval.batch_size
@@ -591,13 +698,13 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
 
   return Task(
     init=init,
-    loss=_loss_fn(graphdef, on),
+    loss=_loss_fn(graphdef, on, entropy_weight, phase_weight),
     batches=lambda start: _train_batches(config, seed, start),
     evaluate=validate,
     after_eval=_keep_best(float(tr.get('early_stop_accuracy', 0.0))),
     init_extra=_init_extra,
     weight=_real_positions if on == 'prefix' else batch_size_weight,
-    cache_key=('state_tracking', ccfg, on),
+    cache_key=('state_tracking', ccfg, on, entropy_weight, phase_weight),
   )
 
 
