@@ -78,6 +78,34 @@ def test_remat_gives_the_same_gradients(tokens):
   )
 
 
+def test_remat_model_evaluates_and_samples_inside_loops(tokens):
+  # Evaluation maps over draws and samplers loop over steps with the model
+  # merged outside the loop: remat must not touch the outer trace.
+  from ddlm_jax.evaluation.likelihood import sequence_nll
+  from ddlm_jax.sampling.ancestral import ancestral_sample
+
+  proc = MaskedDiffusion(get_schedule('loglinear'), VOCAB, t_min=1e-3)
+  nll, samples = [], []
+  for remat in [False, True]:
+    graphdef, params = _params(remat=remat)
+    nll.append(
+      sequence_nll(
+        params, jax.random.key(3), tokens, graphdef=graphdef, process=proc,
+        samples=2,
+      )
+    )  # fmt: skip
+    model = nnx.merge(graphdef, params)
+    samples.append(
+      jax.jit(
+        lambda key, model=model: ancestral_sample(
+          model, key, proc, batch=2, length=16, num_steps=4
+        )[0]
+      )(jax.random.key(4))
+    )
+  np.testing.assert_allclose(nll[0], nll[1], rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(samples[0]), np.asarray(samples[1]))
+
+
 def test_bfloat16_compute_keeps_float32_params_and_close_loss(tokens):
   proc = Autoregressive(VOCAB)
   losses = []

@@ -339,3 +339,23 @@ def sinusoidal_embedding(t_B: jax.Array, dim: int, max_period=10_000.0):
   freqs = jnp.exp(-jnp.log(max_period) * jnp.arange(half) / half)
   args_BxH = t_B[:, None].astype(jnp.float32) * 1000.0 * freqs[None]
   return jnp.concatenate([jnp.cos(args_BxH), jnp.sin(args_BxH)], axis=-1)
+
+
+def remat_call(call):
+  """call(module, *arrays), recomputed in the backward pass.
+
+  A pure function of the module's state under jax.checkpoint rather than
+  nnx.remat: models are often merged outside the transform that calls
+  them (a jax.lax.map over evaluation draws, a sampler's loop), where
+  nnx.remat refuses to touch the outer trace's parameters.
+  """
+
+  def wrapped(module, *args):
+    graphdef, state = nnx.split(module)
+
+    def pure(state, *args):
+      return call(nnx.merge(graphdef, state), *args)
+
+    return jax.checkpoint(pure)(state, *args)
+
+  return wrapped

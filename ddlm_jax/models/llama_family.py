@@ -269,7 +269,7 @@ class LlamaFamily(nnx.Module):
     the mixer argument of `layers.Block`, as the transformer's context)."""
     call = lambda block, x: block(x, None, rows)
     if self.cfg.remat:
-      call = nnx.remat(call)
+      call = layers.remat_call(call)
     for block in self.blocks:
       x_BxLxD = call(block, x_BxLxD)
     return self.final_norm(x_BxLxD)

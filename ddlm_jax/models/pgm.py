@@ -338,7 +338,7 @@ class PGM(nnx.Module):
   def _call_block(self, ctx):
     """block(x) with the context closed over (remat traces arrays only)."""
     call = lambda block, x: block(x, None, ctx)
-    return nnx.remat(call) if self.cfg.remat else call
+    return layers.remat_call(call) if self.cfg.remat else call
 
   def decode(
     self,

@@ -262,7 +262,7 @@ class Transformer(nnx.Module):
     c_BxC = self.condition(t_B)
     call = lambda block, x, c: block(x, c, ctx)
     if self.cfg.remat:
-      call = nnx.remat(call)
+      call = layers.remat_call(call)
     for block in self.blocks:
       x_BxLxD = call(block, x_BxLxD, c_BxC)
     return self.final_norm(x_BxLxD)
