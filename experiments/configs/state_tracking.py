@@ -135,6 +135,7 @@ BENCHMARK_TASKS = (
 # The benchmark's tasks, then the diagnostic group tasks (s3, ...).
 TASKS = BENCHMARK_TASKS + tuple(st.GROUP_TASKS)
 PRESETS = ('', 'paper', 'cpu', 'cpu_long', 'smoke', 'paper1', 'groups')
+GROUPS_MODELS = ('pdssm', 'pdssm_paper')  # The mixers 'groups' applies to.
 
 # Paper Table 2 (accuracy %, (mean, std); std None where the paper gives
 # none). Keys: model -> task.
@@ -317,6 +318,11 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
     c.task.num_test = 512
     c.eval.batch_size = 64
   elif preset == 'groups':
+    if model not in GROUPS_MODELS:
+      raise ValueError(
+        f"the 'groups' preset trains a PD-SSM layer ({', '.join(GROUPS_MODELS)}"
+        f"), not {model!r}; use e.g. 'pdssm,{task},groups'."
+      )
     _groups_preset(c, task)
   elif preset == 'smoke':
     c.model.d_model = c.model.state_size = 16
