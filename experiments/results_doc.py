@@ -253,6 +253,9 @@ def _figures() -> list[str]:
     lines.append(f'![{fig.title}]({os.path.relpath(fig.path, "docs")})\n')
     lines.append(f'{fig.caption} Drawn {fig.drawn} by:\n')
     lines += ['```', fig.command, '```', '']
+    if fig.table:
+      with open(os.path.join(ROOT, fig.table)) as f:
+        lines += [f.read().rstrip(), '']
   return lines
 
 

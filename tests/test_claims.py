@@ -248,6 +248,8 @@ def test_committed_records_are_valid_and_every_verdict_is_computed():
   for fig in FIGURES:
     assert fig.path.startswith('docs/images/'), fig.path
     assert os.path.isfile(os.path.join(ROOT, fig.path)), fig.path
+    if fig.table:
+      assert os.path.isfile(os.path.join(ROOT, fig.table)), fig.table
   for rec in latest.values():  # Figures RESULTS shows exist.
     for figure in rec.get('figures', ()):
       assert os.path.isfile(os.path.join(ROOT, figure)), (rec['claim'], figure)
