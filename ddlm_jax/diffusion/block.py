@@ -31,9 +31,9 @@ import numpy as np
 
 from ddlm_jax.diffusion.base import BlockProcess
 from ddlm_jax.diffusion.masked import (
-  LOSS_TYPES,
   MaskedDiffusion,
   antithetic_uniform,
+  check_loss_and_times,
   token_cross_entropy,
 )
 from ddlm_jax.diffusion.schedules import Schedule
@@ -91,16 +91,11 @@ class BlockDiffusion(BlockProcess):
   requires_time_conditioning = False
 
   def __post_init__(self):
-    if self.loss_type not in LOSS_TYPES:
-      raise ValueError(
-        f'loss_type={self.loss_type!r}; choose one of {LOSS_TYPES}.'
-      )
+    check_loss_and_times(self.loss_type, self.t_min)
     for name in ('vocab_size', 'block_size'):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f'{name} must be an int >= 1, got {value!r}.')
-    if not 0.0 <= self.t_min < 1.0:
-      raise ValueError(f't_min must lie in [0, 1), got {self.t_min}.')
     try:
       beta, omega = (float(c) for c in self.clip)
     except (TypeError, ValueError):

@@ -62,7 +62,7 @@ from ddlm_jax.diffusion.base import (
   ProcessConfig,
   ScheduledConfig,
 )
-from ddlm_jax.diffusion.masked import LOSS_TYPES, antithetic_uniform
+from ddlm_jax.diffusion.masked import antithetic_uniform, check_loss_and_times
 from ddlm_jax.diffusion.schedules import Schedule
 from ddlm_jax.diffusion.uniform import (
   UniformDiffusion,
@@ -172,15 +172,7 @@ class DGemmaDiffusion(BlockProcess):
         f'vocab_size must be >= 2 (one token cannot be noised), got '
         f'{self.vocab_size}.'
       )
-    if self.loss_type not in LOSS_TYPES:
-      raise ValueError(
-        f'loss_type={self.loss_type!r}; choose one of {LOSS_TYPES}.'
-      )
-    if not 0.0 <= self.t_min < 1.0:
-      raise ValueError(
-        f't_min must lie in [0, 1) (times are drawn from [t_min, 1]), got '
-        f'{self.t_min}.'
-      )
+    check_loss_and_times(self.loss_type, self.t_min)
     p = self.self_conditioning
     if (
       isinstance(p, bool)

@@ -60,6 +60,17 @@ LOSS_TYPES = ('elbo', 'simple_ce')
 BOUND_KINDS = ('full', 'mdlm')
 
 
+def check_loss_and_times(loss_type: str, t_min: float) -> None:
+  """The checks every process trained on the masked losses shares."""
+  if loss_type not in LOSS_TYPES:
+    raise ValueError(f'loss_type={loss_type!r}; choose one of {LOSS_TYPES}.')
+  if not 0.0 <= t_min < 1.0:
+    raise ValueError(
+      f't_min must lie in [0, 1) (times are drawn from [t_min, 1]), got '
+      f'{t_min}.'
+    )
+
+
 def antithetic_uniform(key: jax.Array, batch: int) -> jax.Array:
   """Stratified uniforms t_b = (u + b / B) mod 1 (MD4's variance reduction)."""
   u = jax.random.uniform(key, ())
@@ -127,21 +138,13 @@ class MaskedDiffusion(DiffusionProcess):
   requires_time_conditioning = False
 
   def __post_init__(self):
-    if self.loss_type not in LOSS_TYPES:
-      raise ValueError(
-        f'loss_type={self.loss_type!r}; choose one of {LOSS_TYPES}.'
-      )
+    check_loss_and_times(self.loss_type, self.t_min)
     if self.num_steps < 0:
       raise ValueError(f'num_steps must be >= 0, got {self.num_steps}.')
     if self.bound_kind not in BOUND_KINDS:
       raise ValueError(
         f'bound_kind={self.bound_kind!r}; choose one of {BOUND_KINDS} '
         "('full': the true bound, 'mdlm': the published convention)."
-      )
-    if not 0.0 <= self.t_min < 1.0:
-      raise ValueError(
-        f't_min must lie in [0, 1) (times are drawn from [t_min, 1]), got '
-        f'{self.t_min}.'
       )
 
   @property

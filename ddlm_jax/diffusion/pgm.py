@@ -57,8 +57,8 @@ from ddlm_jax.diffusion.base import (
   ScheduledConfig,
 )
 from ddlm_jax.diffusion.masked import (
-  LOSS_TYPES,
   antithetic_uniform,
+  check_loss_and_times,
   token_cross_entropy,
 )
 from ddlm_jax.diffusion.schedules import Schedule
@@ -134,15 +134,7 @@ class PGMDiffusion(DiffusionProcess):
     v = self.vocab_size
     if isinstance(v, bool) or not isinstance(v, int) or v < 2:
       raise ValueError(f'vocab_size must be an int >= 2, got {v!r}.')
-    if self.loss_type not in LOSS_TYPES:
-      raise ValueError(
-        f'loss_type={self.loss_type!r}; choose one of {LOSS_TYPES}.'
-      )
-    if not 0.0 <= self.t_min < 1.0:
-      raise ValueError(
-        f't_min must lie in [0, 1) (times are drawn from [t_min, 1]), got '
-        f'{self.t_min}.'
-      )
+    check_loss_and_times(self.loss_type, self.t_min)
     symmetric_range(self.schedule, self.t_min)  # Refuses a one-sided one.
 
   @property

@@ -38,7 +38,7 @@ from ddlm_jax.diffusion.base import (
   ProcessConfig,
   ScheduledConfig,
 )
-from ddlm_jax.diffusion.masked import LOSS_TYPES, antithetic_uniform
+from ddlm_jax.diffusion.masked import antithetic_uniform, check_loss_and_times
 from ddlm_jax.diffusion.schedules import Schedule
 
 PARAMETERIZATIONS = ('denoiser', 'loo')
@@ -69,10 +69,7 @@ def _xlogy(x: float, y: float) -> float:
 
 def check_common(process) -> None:
   """Shared range checks of the non-masked processes (ValueError)."""
-  if process.loss_type not in LOSS_TYPES:
-    raise ValueError(
-      f'loss_type={process.loss_type!r}; choose one of {LOSS_TYPES}.'
-    )
+  check_loss_and_times(process.loss_type, process.t_min)
   if process.parameterization not in PARAMETERIZATIONS:
     raise ValueError(
       f'parameterization={process.parameterization!r}; choose one of '
@@ -89,11 +86,6 @@ def check_common(process) -> None:
     raise ValueError(
       f'num_steps must be >= 0 (0 for continuous time), got '
       f'{process.num_steps}.'
-    )
-  if not 0.0 <= process.t_min < 1.0:
-    raise ValueError(
-      f't_min must lie in [0, 1) (times are drawn from [t_min, 1]), got '
-      f'{process.t_min}.'
     )
   if isinstance(process.vocab_size, bool) or not isinstance(
     process.vocab_size, int
