@@ -126,9 +126,9 @@ def test_smoke_run_measures_both_parts(smoke_mdlm_run, tmp_path):
   assert cache['none']['nfe'] <= most
   timing = cache['timing']
   assert timing['none_nfe'] >= 64 // fast_decoding.BLOCK  # one per block
-  assert timing['speedup'] == pytest.approx(
-    timing['none_seconds_best'] / timing['dual_seconds_best']
-  )
+  assert timing['speedup'] > 0 and timing['dual_nfe'] >= blocks
+  # The dual cache's window calls read 32 of 64 positions: less work.
+  assert cache['dual']['flops_per_sample'] < cache['none']['flops_per_sample']
   assert cache['gen_nll_ratio'] > 0 and thr['gen_nll_ratio'] > 0
   for part in ('threshold_16', 'cache_64'):
     assert 'frontier.png' in os.listdir(os.path.join(out, 's0', part))

@@ -267,8 +267,8 @@ def measure_workdir(workdir: str, args) -> dict:
 
 def _brief(row: dict) -> dict:
   keys = (
-    'nfe', 'tokens_per_call', 'tokens_per_sec', 'entropy', 'gen_nll',
-    'gen_nll_matched', 'entropy_gap',
+    'nfe', 'tokens_per_call', 'tokens_per_sec', 'flops_per_sample',
+    'entropy', 'gen_nll', 'gen_nll_matched', 'entropy_gap',
   )  # fmt: skip
   return {k: row[k] for k in keys if k in row}
 
