@@ -441,7 +441,7 @@ def _run(workdir, *args):
 
 
 @pytest.mark.slow
-def test_smoke_trains_evaluates_and_samples(tmp_path):
+def test_smoke_trains_evaluates_and_samples(tmp_path, smoke_mdlm_run):
   config = '--config=experiments/configs/pgm.py:smoke'
   out = _run(tmp_path, config)
   assert 'bits/token' in out.stdout
@@ -457,6 +457,21 @@ def test_smoke_trains_evaluates_and_samples(tmp_path):
   assert stats['nfe'] == 8
   # FLOPs from the work done: below eight full passes of the network.
   assert 0 < stats['flops_per_sample'] < 8 * stats['flops_per_call'][0] / 2
+  # The sampling benchmark against a masked run of the same length.
+  from experiments.benchmarks import pgm_sampling
+
+  mdlm, _ = smoke_mdlm_run
+  argv = [f'--mdlm={mdlm}', f'--pgm={tmp_path}', '--seeds=0', '--repeats=2']
+  (row,) = pgm_sampling.main(argv + ['--num_samples=2'])
+  assert row['pgm']['nfe'] == row['pgm']['steps'] == 32  # T = L
+  assert row['flops_ratio'] > 1  # one position per decoder call
+  for name in ('mdlm', 'pgm'):
+    assert row[name]['seconds_best'] <= row[name]['seconds_median']
+  assert row['speed_ratio'] == pytest.approx(
+    row['mdlm']['seconds_best'] / row['pgm']['seconds_best']
+  )
+  with pytest.raises(SystemExit):
+    pgm_sampling.main(argv + ['--num_samples=0'])
 
 
 def test_remat_keeps_the_loss_and_its_gradient():

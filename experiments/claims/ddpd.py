@@ -10,6 +10,8 @@ DDPD's networks: T planner-denoiser steps plus the final pass are 2 (T +
 66, T = 64: 130). Entropies are matched by the temperature of the
 denoiser's draws (`ENTROPY_TOL`). The paper's text8 and OpenWebText
 networks are ~85M parameters against these 0.9M.
+`experiments.benchmarks.ddpd_compare` draws every arm and writes the
+four records.
 """
 
 from experiments.claims.spec import (
@@ -21,28 +23,18 @@ from experiments.claims.verdict import Compare
 
 _PAPER = 'DDPD'
 _ARXIV = '2410.06264'
-_SWEEP = 'python -m experiments.sweep_samplers'
+_BENCH = 'python -m experiments.benchmarks.ddpd_compare'
 # The quickstart's 0.9M-parameter networks over the paper's ~85M.
 _SCALE = 0.9e6 / 85e6
-_BASELINES = {
-  'ancestral': 'ancestral:use_cache=False',
-  'confidence': 'confidence',
-}
-
-
-def _command(steps: int, baseline: str) -> str:
-  """Each planner seed trained and swept with DDPD, then the baseline
-  swept on the denoiser run at the same NFE."""
-  nfe = 2 * (steps + 1)
-  common = '--scorer=runs/ar_quickstart --num_samples=32 --seeds=0,1,2'
-  return (
-    'for s in 0 1 2; do python -m experiments.run '
-    '--config=experiments/configs/ddpd.py --workdir=runs/ddpd_planner_$s '
-    f'--config.seed=$s; {_SWEEP} --workdir=runs/ddpd_planner_$s '
-    f"--light=runs/mdlm_quickstart {common} --samplers='ddpd' "
-    f'--steps={steps}; done; {_SWEEP} --workdir=runs/mdlm_quickstart '
-    f"{common} --samplers='{_BASELINES[baseline]}' --steps={nfe}"
-  )
+# Three planner seeds, then every arm of the four claims in one call.
+_COMMAND = (
+  'for s in 0 1 2; do python -m experiments.run '
+  '--config=experiments/configs/ddpd.py --workdir=runs/ddpd_planner_$s '
+  '--config.seed=$s --config.sample.num_samples=0; done; '
+  f'{_BENCH} --planner=runs/ddpd_planner_0 --planner=runs/ddpd_planner_1 '
+  '--planner=runs/ddpd_planner_2 --denoiser=runs/mdlm_quickstart '
+  '--scorer=runs/ar_quickstart --steps=32,64 --record'
+)
 
 
 def _beats(steps: int, baseline: str) -> Claim:
@@ -60,7 +52,7 @@ def _beats(steps: int, baseline: str) -> Claim:
     metric='AR-twin gen-ppl',
     protocol=MATCHED_ENTROPY,
     rule=Compare('ddpd', baseline, 'lower', entropy_tol=ENTROPY_TOL),
-    command=_command(steps, baseline),
+    command=_COMMAND,
     budget_fraction=_SCALE,
     cost_minutes=60,
     pending='queued: 3 planner seeds (about 10 min each on an idle 2-core '

@@ -1,0 +1,291 @@
+"""DDPD against MDLM's samplers at equal NFE and matched entropy.
+
+  python -m experiments.benchmarks.ddpd_compare \
+    --planner=runs/ddpd_planner_0 --planner=runs/ddpd_planner_1 \
+    --planner=runs/ddpd_planner_2 --denoiser=runs/mdlm_quickstart \
+    --scorer=runs/ar_quickstart [--steps=32,64] \
+    [--temperatures=1.0,1.15,1.3] [--num_samples=64] [--record]
+
+Each --planner is one training seed of the DDPD planner (its seed is read
+from the run's config); every DDPD sample pairs it with the one MDLM
+denoiser run. At each T in --steps, DDPD takes T planner-denoiser steps
+and a final pass: 2 (T + 1) network calls, both networks counted. The
+baselines, MDLM ancestral (without its skip-idle-steps cache, so every
+step is a call) and confidence decoding, run 2 (T + 1) steps on the
+denoiser: the same NFE. Planner seed s draws its samples with sampling
+seed s, and the baselines draw theirs with the same seed, so the three
+arms are paired per seed.
+
+Quality is the AR twin's corpus gen-ppl at matched entropy: every arm is
+swept over --temperatures (the denoiser's draws; the planner's position
+choice keeps temperature 1), and its gen-NLL is interpolated at the
+unigram entropy of the validation text (`frontier.matched_value`).
+Where a sweep does not reach that entropy the nearest point is used and
+its entropy recorded, so the verdict can see the mismatch. FLOPs per
+sample (both of DDPD's networks) are in the results.
+
+Per seed the result is saved as OUT/sS/result.json with its settings
+and reused by a later identical call. --record writes the records of the
+four `ddpd-beats-*` claims (experiments/claims/ddpd.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from experiments import frontier
+
+BASELINES = {
+  'ancestral': ('ancestral', {'use_cache': False}),
+  'confidence': ('confidence', {}),
+}
+SETTINGS = ('denoiser', 'scorer', 'steps', 'temperatures', 'num_samples')
+
+
+def baseline_steps(ddpd_steps: int) -> int:
+  """The baselines' step count at DDPD's NFE: T steps of two networks and
+  the final pass of both."""
+  return 2 * (ddpd_steps + 1)
+
+
+def matched(sweep: dict, target: float) -> dict:
+  """gen-NLL and entropy at the target entropy over one temperature sweep.
+
+  `sweep` maps temperature -> {'entropy', 'gen_nll', ...} (nats). Inside
+  the swept entropy range the entropy is the target; outside, the nearest
+  point's (the value is that point's too).
+  """
+  temps = sorted(sweep)
+  entropies = [sweep[t]['entropy'] for t in temps]
+  value, _ = frontier.matched_value(
+    entropies, [sweep[t]['gen_nll'] for t in temps], target
+  )
+  entropy = float(np.clip(target, min(entropies), max(entropies)))
+  return {
+    'gen_nll': value,
+    'gen_ppl': math.exp(value),
+    'entropy_bits': entropy / math.log(2),
+  }
+
+
+def _draw(run, sampler, *, num_samples, seed, scorer, same, light_run=None):
+  """{'entropy', 'gen_nll', 'nfe', 'flops_per_sample'} of one draw."""
+  from ddlm_jax.evaluation.sample_metrics import sample_quality
+  from ddlm_jax.evaluation.sample_run import draw_samples
+
+  tokens, stats = draw_samples(
+    run, sampler, num_samples=num_samples, seed=seed, light_run=light_run
+  )
+  texts = [run.data.tokenizer.decode(r) for r in tokens]
+  quality = sample_quality(texts, tokens, scorer=scorer, same_tokenizer=same)
+  return {
+    'entropy': quality['unigram_entropy_nats'],
+    'gen_nll': math.log(quality['gen_ppl_corpus']),
+    'nfe': float(stats['nfe']),
+    'flops_per_sample': float(stats['flops_per_sample']),
+  }
+
+
+def _arms_at(steps: int):
+  """[(arm, sampler name, params, uses the planner)] at DDPD's T."""
+  arms = [('ddpd', 'ddpd', {'num_steps': steps}, True)]
+  for arm, (name, params) in BASELINES.items():
+    arms.append(
+      (arm, name, {**params, 'num_steps': baseline_steps(steps)}, False)
+    )
+  return arms
+
+
+def measure_planner(planner_dir: str, args) -> dict:
+  """Every arm at every T and temperature for one planner seed."""
+  from ddlm_jax.evaluation.sample_metrics import ARScorer, sample_quality
+  from ddlm_jax.evaluation.sample_run import reference_texts
+  from ddlm_jax.sampling.registry import get_sampler
+  from ddlm_jax.tasks.language_model import load_run
+
+  planner = load_run(planner_dir)
+  seed = int(planner.config.seed)
+  settings = {k: getattr(args, k) for k in SETTINGS}
+  saved = os.path.join(args.out, f's{seed}', 'result.json')
+  if os.path.exists(saved):
+    with open(saved) as f:
+      old = json.load(f)
+    if old.get('settings') == settings and old.get('planner') == planner_dir:
+      print(f'reusing {saved}', flush=True)
+      return old
+  denoiser = load_run(args.denoiser)
+  if planner.data.tokenizer != denoiser.data.tokenizer:
+    raise ValueError(
+      f'{planner_dir} and {args.denoiser} have different tokenizers; train '
+      'the planner on the denoiser corpus.'
+    )
+  scorer = ARScorer.from_run(load_run(args.scorer))
+  same = scorer.tokenizer == denoiser.data.tokenizer
+  refs = reference_texts(denoiser, args.num_samples)
+  ref_tokens = [denoiser.data.tokenizer.encode(t) for t in refs]
+  target = sample_quality(refs, ref_tokens)['unigram_entropy_nats']
+  t0 = time.perf_counter()
+  out = {}
+  for steps in args.steps:
+    for arm, name, params, planned in _arms_at(steps):
+      sweep = {}
+      for temperature in args.temperatures:
+        sampler = get_sampler(name, **params, temperature=temperature)
+        sweep[temperature] = _draw(
+          planner if planned else denoiser,
+          sampler,
+          num_samples=args.num_samples,
+          seed=seed,
+          scorer=scorer,
+          same=same,
+          light_run=denoiser if planned else None,
+        )
+      row = {
+        'sweep': {str(t): v for t, v in sweep.items()},
+        'nfe': sweep[args.temperatures[0]]['nfe'],
+        'flops_per_sample': sweep[args.temperatures[0]]['flops_per_sample'],
+        **matched(sweep, target),
+      }
+      out.setdefault(str(steps), {})[arm] = row
+      print(
+        f'seed {seed} T={steps} {arm}: NFE {row["nfe"]:.0f}, gen-ppl '
+        f'{row["gen_ppl"]:.2f} at {row["entropy_bits"]:.3f} bits',
+        flush=True,
+      )
+  result = {
+    'planner': planner_dir,
+    'seed': seed,
+    'target_entropy_bits': target / math.log(2),
+    'steps': out,
+    'seconds': time.perf_counter() - t0,
+    'settings': settings,
+  }
+  os.makedirs(os.path.dirname(saved), exist_ok=True)
+  with open(saved, 'w') as f:
+    json.dump(result, f, indent=1)
+  return result
+
+
+# -------------------------------------------------------------- records --
+
+
+def claim_records(results: list[dict], command: str, repo: str) -> list:
+  """One record per `ddpd-beats-{baseline}-t{T}` claim measured."""
+  from experiments import claims as registry
+  from experiments.claims import records
+
+  seeds = [r['seed'] for r in results]
+  date = datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')
+  out = []
+  for steps in results[0]['steps']:
+    for baseline in BASELINES:
+      claim = f'ddpd-beats-{baseline}-t{steps}'
+      if claim not in registry.CLAIMS:
+        continue
+
+      def arm(name, steps=steps):
+        rows = [r['steps'][steps][name] for r in results]
+        return {
+          'seeds': seeds,
+          'values': [row['gen_ppl'] for row in rows],
+          'entropy': [row['entropy_bits'] for row in rows],
+        }
+
+      nfe = {
+        name: results[0]['steps'][steps][name]['nfe']
+        for name in ('ddpd', baseline)
+      }
+      flops = {
+        name: results[0]['steps'][steps][name]['flops_per_sample']
+        for name in ('ddpd', baseline)
+      }
+      out.append(
+        {
+          'claim': claim,
+          'source': 'python -m experiments.benchmarks.ddpd_compare',
+          'commit': records.git_commit(repo),
+          'date': date,
+          'host': records.host_info(),
+          'command': command,
+          'budget': 'cpu',
+          'budget_fraction': registry.CLAIMS[claim].budget_fraction,
+          'seed_kind': 'training',
+          'seeds': seeds,
+          'arms': {'ddpd': arm('ddpd'), baseline: arm(baseline)},
+          'notes': (
+            'Training seeds of the planner; the denoiser is one MDLM run '
+            'and the baseline draws with the same sampling seed as each '
+            f"planner seed. AR-twin corpus gen-ppl at the validation text's "
+            f'unigram entropy ({results[0]["target_entropy_bits"]:.3f} bits)'
+            f', interpolated over denoiser temperatures '
+            f'{results[0]["settings"]["temperatures"]}, '
+            f'{results[0]["settings"]["num_samples"]} samples per point. '
+            f'NFE {nfe}; FLOPs per sample {flops}. Planner runs: '
+            f'{", ".join(r["planner"] for r in results)}.'
+          ),
+        }
+      )
+  return out
+
+
+def make_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--planner', action='append', required=True)
+  p.add_argument('--denoiser', required=True)
+  p.add_argument('--scorer', required=True)
+  p.add_argument('--steps', default='32,64')
+  p.add_argument('--temperatures', default='1.0,1.15,1.3')
+  p.add_argument('--num_samples', type=int, default=64)
+  p.add_argument('--out', default=os.path.join('runs', 'ddpd_compare'))
+  p.add_argument('--record', action='store_true')
+  return p
+
+
+def check_args(args) -> None:
+  """Refuses bad flags before any run is loaded."""
+  args.steps = [int(s) for s in str(args.steps).split(',') if s]
+  args.temperatures = [float(t) for t in str(args.temperatures).split(',') if t]
+  if not args.steps or min(args.steps) < 1:
+    raise SystemExit(
+      f'--steps={args.steps}: give positive integers, e.g. 32,64'
+    )
+  if len(args.temperatures) < 2 or min(args.temperatures) <= 0:
+    raise SystemExit(
+      f'--temperatures={args.temperatures}: give at least two positive '
+      'values to interpolate over, e.g. 1.0,1.15,1.3'
+    )
+  if args.num_samples < 2:
+    raise SystemExit(f'--num_samples={args.num_samples}: give at least 2')
+  for path in [*args.planner, args.denoiser, args.scorer]:
+    if not os.path.exists(os.path.join(path, 'config.json')):
+      raise SystemExit(
+        f'{path} is not a trained run (no config.json); train it first'
+      )
+
+
+def main(argv=None) -> list[dict]:
+  args = make_parser().parse_args(argv)
+  check_args(args)
+  results = [measure_planner(p, args) for p in args.planner]
+  if args.record:
+    from experiments.claims import records
+
+    command = 'python -m experiments.benchmarks.ddpd_compare ' + ' '.join(
+      sys.argv[1:] if argv is None else argv
+    )
+    tag = datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')
+    for record in claim_records(results, command, '.'):
+      print(f'record: {records.write(record, tag, records.RECORDS_DIR)}')
+  return results
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,137 @@
+"""The DDPD comparison benchmark: matched entropy, its records and verdicts,
+and a smoke run with a smoke planner, denoiser and AR scorer."""
+
+import math
+
+import pytest
+
+from experiments import claims as registry
+from experiments.benchmarks import ddpd_compare
+from experiments.claims import records
+from experiments.claims import verdict as verdict_lib
+
+LN2 = math.log(2)
+
+
+def test_equal_nfe_counts_both_networks_and_the_final_pass():
+  assert ddpd_compare.baseline_steps(32) == 66
+  assert ddpd_compare.baseline_steps(64) == 130
+  arms = ddpd_compare._arms_at(32)
+  assert arms[0] == ('ddpd', 'ddpd', {'num_steps': 32}, True)
+  ancestral = {'use_cache': False, 'num_steps': 66}
+  assert ('ancestral', 'ancestral', ancestral, False) in arms
+
+
+def test_matched_interpolates_inside_the_sweep_and_clips_outside():
+  sweep = {
+    1.0: {'entropy': 3.0, 'gen_nll': 3.5},
+    1.2: {'entropy': 3.2, 'gen_nll': 3.9},
+  }
+  inside = ddpd_compare.matched(sweep, 3.1)
+  assert inside['gen_nll'] == pytest.approx(3.7)
+  assert inside['gen_ppl'] == pytest.approx(math.exp(3.7))
+  assert inside['entropy_bits'] == pytest.approx(3.1 / LN2)
+  # Beyond the sweep: the nearest point, whose entropy is recorded (so a
+  # verdict sees the mismatch instead of a target that was never reached).
+  above = ddpd_compare.matched(sweep, 3.5)
+  assert above['gen_nll'] == pytest.approx(3.9)
+  assert above['entropy_bits'] == pytest.approx(3.2 / LN2)
+
+
+def _result(seed, ddpd_ppl, base_ppl, ddpd_h=3.1, base_h=3.1):
+  def row(ppl, h, nfe):
+    return {
+      'gen_ppl': ppl,
+      'gen_nll': math.log(ppl),
+      'entropy_bits': h,
+      'nfe': nfe,
+      'flops_per_sample': 1e9,
+    }
+
+  steps = {}
+  for t in (32, 64):
+    nfe = 2 * (t + 1)
+    steps[str(t)] = {
+      'ddpd': row(ddpd_ppl, ddpd_h, nfe),
+      'ancestral': row(base_ppl, base_h, nfe),
+      'confidence': row(base_ppl + 1, base_h, nfe),
+    }
+  return {
+    'planner': f'runs/p{seed}',
+    'seed': seed,
+    'target_entropy_bits': 3.1,
+    'steps': steps,
+    'settings': {'temperatures': [1.0, 1.2], 'num_samples': 8},
+  }
+
+
+def _verdicts(results):
+  out = {}
+  for record in ddpd_compare.claim_records(results, 'cmd', '.'):
+    records.validate(record)
+    claim = registry.CLAIMS[record['claim']]
+    out[record['claim']] = verdict_lib.judge(claim.rule, record).label
+  return out
+
+
+def test_records_pair_planner_seeds_and_judge_the_four_claims():
+  ids = {c.id for c in registry.CLAIMS.values() if c.id.startswith('ddpd-')}
+  better = [_result(s, 30.0 + s, 40.0 + s) for s in (0, 1, 2)]
+  verdicts = _verdicts(better)
+  assert set(verdicts) == ids
+  assert set(verdicts.values()) == {verdict_lib.REPRODUCED}
+  worse = [_result(s, 45.0, 40.0) for s in (0, 1, 2)]
+  assert set(_verdicts(worse).values()) == {verdict_lib.MISS}
+  # A sharper DDPD (lower entropy than the baseline) cannot reproduce.
+  sharp = [_result(s, 30.0, 40.0, ddpd_h=2.9) for s in (0, 1, 2)]
+  assert verdict_lib.REPRODUCED not in set(_verdicts(sharp).values())
+  record = ddpd_compare.claim_records(better, 'cmd', '.')[0]
+  assert record['arms']['ddpd']['seeds'] == [0, 1, 2]
+  assert record['arms']['ddpd']['entropy'] == [3.1, 3.1, 3.1]
+
+
+def test_bad_arguments_are_refused_before_loading(tmp_path):
+  missing = str(tmp_path / 'none')
+  base = [f'--planner={missing}', f'--denoiser={missing}']
+  base.append(f'--scorer={missing}')
+  for extra, text in (
+    (['--steps=0'], 'positive'),
+    (['--temperatures=1.0'], 'at least two'),
+    (['--num_samples=1'], 'at least 2'),
+    ([], 'not a trained run'),
+  ):
+    with pytest.raises(SystemExit) as err:
+      ddpd_compare.main(base + extra)
+    assert text in str(err.value)
+
+
+@pytest.mark.slow
+def test_smoke_compare_draws_every_arm_at_equal_nfe(smoke_mdlm_run, tmp_path):
+  from ddlm_jax.tasks import language_model as lm
+  from experiments.configs import ar_quickstart, ddpd
+
+  def train(config, name):
+    config.sample.num_samples = 0
+    config.mesh.shape = (1, 1, 1)
+    workdir = str(tmp_path / name)
+    lm.train_and_evaluate(config, workdir)
+    return workdir
+
+  scorer = train(ar_quickstart.get_config('smoke'), 'ar')
+  planner = train(ddpd.get_config('smoke'), 'planner')
+  denoiser, _ = smoke_mdlm_run
+  out = str(tmp_path / 'out')
+  argv = [
+    f'--planner={planner}', f'--denoiser={denoiser}', f'--scorer={scorer}',
+    '--steps=4', '--temperatures=0.9,1.1', '--num_samples=2', f'--out={out}',
+  ]  # fmt: skip
+  (result,) = ddpd_compare.main(argv)
+  arms = result['steps']['4']
+  assert arms['ddpd']['nfe'] == 2 * (4 + 1)
+  for name in ddpd_compare.BASELINES:
+    assert arms[name]['nfe'] <= ddpd_compare.baseline_steps(4)
+    assert arms[name]['flops_per_sample'] > 0
+  assert all(math.isfinite(a['gen_ppl']) for a in arms.values())
+  # A second identical call reads the saved result back.
+  (again,) = ddpd_compare.main(argv)
+  assert again['seconds'] == result['seconds']
