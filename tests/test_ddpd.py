@@ -29,7 +29,11 @@ from ddlm_jax.diffusion.masked import MaskedDiffusion
 from ddlm_jax.diffusion.schedules import LogLinearSchedule
 from ddlm_jax.models.transformer import Transformer
 from ddlm_jax.sampling import get_sampler, samplers_for
-from ddlm_jax.sampling.ddpd import DDPDSampler, planned_denoise
+from ddlm_jax.sampling.ddpd import (
+  DDPDSampler,
+  gumbel_top_k,
+  planned_denoise,
+)
 from ddlm_jax.training.builders import check_process, transformer_config
 from ddlm_jax.training.config import ConfigError
 from experiments.configs import ddpd as ddpd_config
@@ -171,13 +175,13 @@ def _distribution(tokens_BxL):
   return np.bincount(index_B, minlength=len(SEQS)) / len(index_B)
 
 
-def _run(plan, p_N, steps, batch=20000, final_pass=True):
+def _run(plan, p_N, steps, batch=20000, final_pass=True, parallel=False):
   x = jax.random.randint(jax.random.key(3), (batch, L), 0, V)
   todo = jnp.ones((batch, L), bool)
   fn = jax.jit(
     lambda key: planned_denoise(
       plan, exact_denoiser(p_N), key, x, todo, num_steps=steps, mask_id=V,
-      final_pass=final_pass,
+      final_pass=final_pass, parallel=parallel,
     )
   )  # fmt: skip
   tokens, nfe = fn(jax.random.key(4))
@@ -197,6 +201,79 @@ def test_oracle_planner_and_exact_denoiser_sample_the_data(steps):
   assert tv < 0.03, tv
   assert np.all(q_N[p_N == 0] == 0)  # Never off the support.
   np.testing.assert_array_equal(nfe, [steps + 1, steps + 1])
+
+
+def test_parallel_steps_with_t_equal_l_take_one_position_each():
+  """With T = L and the oracle, the parallel rule's count round(n_i / (T -
+  i)) is 1 at every step (n_i a hair above its integer at the last step,
+  from the clean positions' sigmoids): the exact one-position sampler."""
+  p_N = _source()
+  oracle = lambda x, clean: jnp.where(clean, -10.0, 10.0)
+  q_N, nfe = _run(oracle, p_N, L, parallel=True)
+  assert 0.5 * np.abs(q_N - p_N).sum() < 0.03
+  assert np.all(q_N[p_N == 0] == 0)
+  np.testing.assert_array_equal(nfe, [L + 1, L + 1])
+
+
+@pytest.mark.parametrize('steps', [1, 3, 5])
+def test_parallel_steps_reach_every_position_in_t_steps(steps):
+  """A few-step loop (T < L) with the oracle planner and no final pass:
+  every position is denoised within the T steps, each step taking
+  round(n_i / (T - i)) of the n_i left (counted through the clean record
+  the oracle reads); one position per step would leave L - T as noise."""
+  length, vocab, batch = 12, 5, 4
+  seen = []
+
+  def oracle(x, clean):
+    jax.debug.callback(lambda c: seen.append(np.asarray(c).sum(-1)), clean)
+    return jnp.where(clean, -30.0, 30.0)
+
+  # Every draw is token 1 (which the uniform start rarely holds everywhere).
+  denoise = lambda z, t: (
+    jnp.where(jnp.arange(vocab) == 1, 0.0, -1e9) * jnp.ones(z.shape + (vocab,))
+  )
+  x = jax.random.randint(jax.random.key(0), (batch, length), 0, vocab)
+  todo = jnp.ones((batch, length), bool)
+  out, _ = planned_denoise(
+    oracle, denoise, jax.random.key(1), x, todo, num_steps=steps,
+    mask_id=vocab, final_pass=False, parallel=True,
+  )  # fmt: skip
+  jax.effects_barrier()
+  assert np.all(np.asarray(out) == 1)
+  left = [length]
+  for i in range(steps):
+    left.append(left[-1] - int(np.floor(left[-1] / (steps - i) + 0.5)))
+  assert left[-1] == 0
+  done = [length - n for n in left[:-1]]
+  np.testing.assert_array_equal(np.stack(seen)[:, 0], done)
+  one, _ = planned_denoise(
+    oracle, denoise, jax.random.key(1), x, todo, num_steps=steps,
+    mask_id=vocab, final_pass=False,
+  )  # fmt: skip
+  assert (np.asarray(one) != 1).sum() > 0 or steps >= length
+
+
+def test_gumbel_top_k_draws_without_replacement_in_softmax_proportion():
+  """k = 1 is a categorical draw; k = L - 1 never includes -inf
+  positions and leaves out the least likely position most often."""
+  logits = jnp.log(jnp.array([[0.1, 0.2, 0.7, 0.0]]))  # last: -inf
+  keys = jax.random.split(jax.random.key(0), 20000)
+  one = jax.vmap(lambda k: gumbel_top_k(k, logits, jnp.array([1]))[0])(keys)
+  np.testing.assert_allclose(
+    np.asarray(one).mean(0), [0.1, 0.2, 0.7, 0.0], atol=0.01
+  )
+  two = jax.vmap(lambda k: gumbel_top_k(k, logits, jnp.array([2]))[0])(keys)
+  two = np.asarray(two)
+  assert np.all(two.sum(-1) == 2) and not two[:, 3].any()
+  # Position j is left out when the two draws (first a, then b in
+  # proportion among the rest) are the other two: enumerated.
+  p = np.array([0.1, 0.2, 0.7])
+  out = [
+    sum(p[a] * p[b] / (1 - p[a]) for a in range(3) for b in range(3)
+        if a != b and j not in (a, b))
+    for j in range(3)
+  ]  # fmt: skip
+  np.testing.assert_allclose(1 - two[:, :3].mean(0), out, atol=0.01)
 
 
 def test_an_uninformed_planner_does_not_sample_the_data():

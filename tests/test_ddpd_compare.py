@@ -17,7 +17,7 @@ def test_equal_nfe_counts_both_networks_and_the_final_pass():
   assert ddpd_compare.baseline_steps(32) == 66
   assert ddpd_compare.baseline_steps(64) == 130
   arms = ddpd_compare._arms_at(32)
-  assert arms[0] == ('ddpd', 'ddpd', {'num_steps': 32}, True)
+  assert arms[0] == ('ddpd', 'ddpd', {'num_steps': 32, 'parallel': True}, True)
   ancestral = {'use_cache': False, 'num_steps': 66}
   assert ('ancestral', 'ancestral', ancestral, False) in arms
 

@@ -96,7 +96,7 @@ def _draw(run, sampler, *, num_samples, seed, scorer, same, light_run=None):
 
 def _arms_at(steps: int):
   """[(arm, sampler name, params, uses the planner)] at DDPD's T."""
-  arms = [('ddpd', 'ddpd', {'num_steps': steps}, True)]
+  arms = [('ddpd', 'ddpd', {'num_steps': steps, 'parallel': True}, True)]
   for arm, (name, params) in BASELINES.items():
     arms.append(
       (arm, name, {**params, 'num_steps': baseline_steps(steps)}, False)
