@@ -114,6 +114,10 @@ def measure_planner(planner_dir: str, args) -> dict:
   planner = load_run(planner_dir)
   seed = int(planner.config.seed)
   settings = {k: getattr(args, k) for k in SETTINGS}
+  # The arms' sampler settings too: a changed sampler is measured again.
+  settings['arms'] = {
+    str(t): [[a, n, p] for a, n, p, _ in _arms_at(t)] for t in args.steps
+  }
   saved = os.path.join(args.out, f's{seed}', 'result.json')
   if os.path.exists(saved):
     with open(saved) as f:
