@@ -4,7 +4,7 @@
     --planner=runs/ddpd_planner_0 --planner=runs/ddpd_planner_1 \
     --planner=runs/ddpd_planner_2 --denoiser=runs/mdlm_quickstart \
     --scorer=runs/ar_quickstart [--steps=32,64] \
-    [--temperatures=1.0,1.15,1.3] [--num_samples=64] [--record]
+    [--temperatures=0.8,0.9,1.0,1.15,1.3] [--num_samples=64] [--record]
 
 Each --planner is one training seed of the DDPD planner (its seed is read
 from the run's config); every DDPD sample pairs it with the one MDLM
@@ -159,9 +159,13 @@ def measure_planner(planner_dir: str, args) -> dict:
         **matched(sweep, target),
       }
       out.setdefault(str(steps), {})[arm] = row
+      swept = ', '.join(
+        f'{t:g}: {v["entropy"] / math.log(2):.3f}' for t, v in sweep.items()
+      )
       print(
         f'seed {seed} T={steps} {arm}: NFE {row["nfe"]:.0f}, gen-ppl '
-        f'{row["gen_ppl"]:.2f} at {row["entropy_bits"]:.3f} bits',
+        f'{row["gen_ppl"]:.2f} at {row["entropy_bits"]:.3f} bits (target '
+        f'{target / math.log(2):.3f}; entropy by temperature {swept})',
         flush=True,
       )
   result = {
@@ -246,7 +250,7 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument('--denoiser', required=True)
   p.add_argument('--scorer', required=True)
   p.add_argument('--steps', default='32,64')
-  p.add_argument('--temperatures', default='1.0,1.15,1.3')
+  p.add_argument('--temperatures', default='0.8,0.9,1.0,1.15,1.3')
   p.add_argument('--num_samples', type=int, default=64)
   p.add_argument('--out', default=os.path.join('runs', 'ddpd_compare'))
   p.add_argument('--record', action='store_true')
