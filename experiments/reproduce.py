@@ -10,6 +10,9 @@ from its newest checkpoint (exit code 75 restarts it), so the command can be
 stopped and started again at any point. Runs are keyed by config and
 overrides, so claims that share an arm (the quickstart) share its runs. An
 arm with ``init_from`` starts from its base arm's run of the same seed.
+A claim whose metric is a validation number trains its arms without the
+end-of-run samples (``sample.num_samples=0``): they are not part of the
+metric, and their scorer run need not exist.
 Claims checked by an exact test run that test with pytest.
 
 Then the metric is read from each run's summary.json, the verdict computed
@@ -162,6 +165,8 @@ def run_arm(
   ]
   for key, value in arm.overrides_for(budget):
     cmd.append(f'--config.{key}={value}')
+  if claim.metric_key.startswith('validation.'):
+    cmd.append('--config.sample.num_samples=0')
   if arm.init_from:
     parent = next(a for a in claim.arms if a.name == arm.init_from)
     base = os.path.join(

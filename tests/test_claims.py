@@ -341,6 +341,8 @@ def test_reproduce_smoke_writes_a_record_and_reuses_finished_runs(tmp_path):
   assert 'experiments.reproduce quickstart-bound' in rec['command']
   assert rec['wall_seconds'] > 0
   assert 'inconclusive at this budget' in out.stdout
+  # A bound claim trains without end-of-run samples (no scorer needed).
+  assert '--config.sample.num_samples=0' in out.stdout
   # A second call finds the finished run and does not train again.
   again = _reproduce(*args)
   assert again.returncode == 0
