@@ -491,3 +491,15 @@ def test_remat_keeps_the_loss_and_its_gradient():
   np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-6)
   for a, b in zip(jax.tree.leaves(out[0][1]), jax.tree.leaves(out[1][1])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_sampling_claims_time_the_bound_claims_runs():
+  """The timing claims name the directories `experiments.reproduce` trains
+  the bound claim's arms into (a renamed arm would break the command)."""
+  from experiments import claims, reproduce
+
+  bound = claims.get('pgm-bound-near-mdlm')
+  for arm in bound.arms:
+    key = reproduce.arm_key(arm, 'cpu', bound)
+    for claim in ('pgm-sampling-flops', 'pgm-sampling-speed'):
+      assert f'runs/claims/cpu/{key}/s{{seed}}' in claims.get(claim).command

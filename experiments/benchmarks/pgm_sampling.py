@@ -12,7 +12,8 @@ PGM / MDLM of tokens/s are the values of claims `pgm-sampling-flops` and
 `pgm-sampling-speed`.
 
   python -m experiments.benchmarks.pgm_sampling \
-    --mdlm=runs/pgm_claim/mdlm_{seed} --pgm=runs/pgm_claim/pgm_{seed} \
+    --mdlm=runs/claims/cpu/mdlm_quickstart-acd3480c/s{seed} \
+    --pgm=runs/claims/cpu/pgm-db4bbd8a/s{seed} \
     --seeds=0,1,2 [--num_samples=4] [--repeats=4] --record
 
 Timings need an idle host: run nothing else meanwhile.

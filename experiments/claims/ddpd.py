@@ -9,9 +9,9 @@ DDPD's networks: T planner-denoiser steps plus the final pass are 2 (T +
 1) calls, so the baselines run 2 (T + 1) steps without caching (T = 32:
 66, T = 64: 130). With T < L, DDPD runs the paper's few-step sampler
 (`ddpd:parallel=True`: each step denoises the planner's estimate of the
-noisy positions left over the steps left). Entropies are matched by the temperature of the
-denoiser's draws (`ENTROPY_TOL`). The paper's text8 and OpenWebText
-networks are ~85M parameters against these 0.9M.
+noisy positions left over the steps left). Entropies are matched by the
+temperature of the denoiser's draws (`ENTROPY_TOL`). The paper's text8
+and OpenWebText networks are ~85M parameters against these 0.9M.
 `experiments.benchmarks.ddpd_compare` draws every arm and writes the
 four records.
 """
