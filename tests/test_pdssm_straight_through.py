@@ -286,3 +286,74 @@ def test_phase_penalty_adds_the_mean_squared_wrapped_phase():
   np.testing.assert_allclose(aux['phase_sq'], (phase**2).mean(), rtol=1e-4)
   assert float(aux['phase_sq']) > 0.1  # Default init: phases around pi.
   np.testing.assert_allclose(value, plain + 2.0 * aux['phase_sq'], rtol=1e-5)
+
+
+def test_gumbel_noise_perturbs_the_sinkhorn_input_of_the_relaxed_forward():
+  mixer = _mixer(relax_normalize=True)
+  u_BxLxD, _ = _inputs()
+  graphdef, params = nnx.split(mixer)
+
+  @jax.jit
+  def forward(tau, noise, key):
+    # Traced, as the training step sets them (nnx keeps no concrete key).
+    m = nnx.merge(graphdef, params)
+    m.relax_temperature, m.relax_noise, m.relax_key = tau, noise, key
+    return m(u_BxLxD)
+
+  key = jax.random.key(3)
+  mixer.relax_temperature = TAU
+  plain = mixer(u_BxLxD)
+  # Zero scale: the plain relaxation.
+  np.testing.assert_allclose(
+    forward(TAU, 0.0, key), plain, rtol=1e-5, atol=1e-6
+  )
+  noisy = forward(TAU, 0.7, key)
+  assert float(jnp.abs(noisy - plain).max()) > 1e-2
+  # The same forward written out: sinkhorn((z(M_t) + 0.7 g) / T), then the
+  # dense scan of A_t = P_t D_t and the readout.
+  z = mixer._sinkhorn_input(mixer.mixture(u_BxLxD))
+  soft = sinkhorn(z + 0.7 * jax.random.gumbel(key, z.shape), TAU, 20)
+  d = mixer.diagonal(u_BxLxD)
+  h0 = jnp.zeros((2, 6), jnp.complex64).at[:, 0].set(1)
+  h, _ = ssm.dense_scan(soft * d[..., None, :], mixer.inputs(u_BxLxD), h0)
+  np.testing.assert_allclose(
+    noisy, mixer.readout(h, u_BxLxD), rtol=1e-4, atol=1e-5
+  )
+  # Evaluation (no temperature) never sees the noise.
+  mixer.relax_temperature = None
+  np.testing.assert_allclose(
+    forward(None, 0.7, key), mixer(u_BxLxD), rtol=1e-5, atol=1e-6
+  )
+
+
+def test_relax_noise_schedule_batches_and_checks():
+  c = cfgs.get_config('pdssm,s3,smoke')
+  c.model.relax = 'sinkhorn'
+  c.train.num_steps = 100
+  c.model.relax_anneal_fraction = 0.5
+  assert c.model.relax_noise == 0.0  # Default: off, no noise in the batch.
+  assert 'relax_noise' not in next(st_task._train_batches(c, 0, 0))
+  c.model.relax_noise = 2.0
+  # Linear from 2 at step 0 to 0 at the end of the anneal (step 50).
+  got = [st_task.relax_noise(c, s) for s in (0, 25, 50, 80)]
+  np.testing.assert_allclose(got, [2.0, 1.0, 0.0, 0.0])
+  np.testing.assert_allclose(
+    next(st_task._train_batches(c, 0, 25))['relax_noise'], 1.0
+  )
+  # The training loss draws fresh noise from the step's key.
+  graphdef, init, _ = st_task.programs(st_task.classifier_config(c), True)
+  params = init(jax.random.key(0))
+  batch = {
+    k: jnp.asarray(v) for k, v in next(st_task._train_batches(c, 0, 0)).items()
+  }
+  loss = jax.jit(st_task._loss_fn(graphdef, 'last'))
+  a, _ = loss(params, jax.random.key(1), batch)
+  b, _ = loss(params, jax.random.key(2), batch)
+  again, _ = loss(params, jax.random.key(1), batch)
+  assert float(a) == float(again) and abs(float(a) - float(b)) > 1e-6
+  c.model.relax_noise = -1.0
+  with pytest.raises(ConfigError, match='relax_noise'):
+    st_task.state_tracking_task(c)
+  c.model.relax_noise, c.model.relax = 1.0, ''
+  with pytest.raises(ConfigError, match='relax_noise'):
+    st_task.state_tracking_task(c)

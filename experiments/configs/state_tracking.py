@@ -253,6 +253,10 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   # With relax: weight of the mean column entropy of the relaxed P_t added
   # to the loss (0: off), pulling the relaxation towards a permutation.
   c.model.relax_entropy_weight = 0.0
+  # With relax: scale of the Gumbel noise added to the Sinkhorn input of
+  # the training forward (Gumbel-Sinkhorn; 0: off), falling linearly to 0
+  # over relax_anneal_fraction of the steps. Evaluation adds none.
+  c.model.relax_noise = 0.0
   # With relax: weight of the mean squared phase of D_t (radians, wrapped)
   # added to the loss (0: off), so phases stay 0 unless the task needs them.
   c.model.phase_penalty_weight = 0.0
