@@ -242,9 +242,10 @@ def test_input_init_scale_scales_b():
     st_task.classifier_config(c)
 
 
-def test_groups_preset_builds_the_documented_layer():
-  c = cfgs.get_config('pdssm,s3,groups')
-  assert c.model.num_layers == 1 and c.model.state_size == 6  # |S3|
+@pytest.mark.parametrize('task, order', [('s3', 6), ('a4', 12), ('a4_gen', 12)])
+def test_groups_preset_builds_the_documented_layer(task, order):
+  c = cfgs.get_config(f'pdssm,{task},groups')
+  assert c.model.num_layers == 1 and c.model.state_size == order  # |G|
   assert c.task.loss_on == 'prefix' and c.task.curriculum_steps > 0
   kwargs = dict(st_task.classifier_config(c).mixer_kwargs)
   assert kwargs['dict_init'] == 'permutation'
@@ -258,7 +259,7 @@ def test_groups_preset_builds_the_documented_layer():
   mixer = model.blocks[0].mixer
   u = jax.random.normal(jax.random.key(1), (1, 4, c.model.d_model))
   assert mixer.relax_temperature is None
-  assert mixer.transition_indices(u).shape == (1, 4, 6)
+  assert mixer.transition_indices(u).shape == (1, 4, order)
   assert jnp.iscomplexobj(mixer.diagonal(u))
 
 
@@ -357,3 +358,42 @@ def test_relax_noise_schedule_batches_and_checks():
   c.model.relax_noise, c.model.relax = 1.0, ''
   with pytest.raises(ConfigError, match='relax_noise'):
     st_task.state_tracking_task(c)
+
+
+def test_dict_init_scale_shrinks_the_dictionary_not_the_layer():
+  u_BxLxD, mask_BxL = _inputs()
+  kw = dict(dict_init='permutation', relax_normalize=True)
+  base = _mixer(**kw, harden_temperature=0.05)
+  small = _mixer(**kw, harden_temperature=0.05, dict_init_scale=0.1)
+  np.testing.assert_allclose(
+    small.dictionary[...], 0.1 * base.dictionary[...], rtol=1e-6
+  )
+  # The same hardened maps and the same evaluation layer ...
+  np.testing.assert_array_equal(
+    small.transition_indices(u_BxLxD), base.transition_indices(u_BxLxD)
+  )
+  np.testing.assert_allclose(
+    small(u_BxLxD, mask_BxL), base(u_BxLxD, mask_BxL), rtol=1e-5, atol=1e-6
+  )
+  # ... and the same normalised relaxation (up to the epsilon of the
+  # standardisation, relatively 10x larger on the small dictionary).
+  for m in (base, small):
+    m.relax_temperature = TAU
+  np.testing.assert_allclose(
+    small(u_BxLxD, mask_BxL), base(u_BxLxD, mask_BxL), rtol=1e-3, atol=1e-4
+  )
+  with pytest.raises(ValueError, match='dict_init_scale'):
+    _mixer(dict_init_scale=0.0)
+  c = cfgs.get_config('pdssm,s3,smoke')
+  assert 'dict_init_scale' not in dict(
+    st_task.classifier_config(c).mixer_kwargs
+  )
+  c.model.dict_init_scale = 0.1
+  kwargs = dict(st_task.classifier_config(c).mixer_kwargs)
+  assert kwargs['dict_init_scale'] == 0.1
+  c.model.dict_init_scale = -1.0
+  with pytest.raises(ConfigError, match='dict_init_scale'):
+    st_task.classifier_config(c)
+  c.model.dict_init_scale, c.model.mixer = 0.1, 'complex_diag'
+  with pytest.raises(ConfigError, match='dict_init_scale'):
+    st_task.classifier_config(c)

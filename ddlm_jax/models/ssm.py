@@ -286,6 +286,11 @@ class SSMMixer(nnx.Module):
       (a fraction of 2 pi), the same for every token and state.
     input_init_scale: B (pdssm, complex_diag) starts as this multiple of
       its default init; 0 starts the layer without input.
+    dict_init_scale: the PD-SSM dictionary starts as this multiple (> 0) of
+      its init. The hardened P_t (and, with ``relax_normalize``, the
+      relaxed one) does not depend on it; Adam's steps do not scale with
+      the parameters, so a small dictionary lets training reorder the
+      columns of M_t (change a token's permutation) in fewer steps.
     relax_normalize: Sinkhorn (relaxed forward and ``harden_temperature``)
       reads M_t with every column standardised (zero mean, unit std over
       rows). The column argmax is unchanged, but the model can no longer
@@ -313,6 +318,7 @@ class SSMMixer(nnx.Module):
     relax_normalize: bool = False,
     phase_init: float | None = None,
     input_init_scale: float = 1.0,
+    dict_init_scale: float = 1.0,
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
@@ -379,6 +385,8 @@ class SSMMixer(nnx.Module):
     # (model.phase_penalty_weight).
     self.phase_square = None
     self.sinkhorn_iters = 20
+    if not dict_init_scale > 0:
+      raise ValueError(f'dict_init_scale must be > 0, got {dict_init_scale}.')
     if harden_temperature is not None and harden_temperature <= 0:
       raise ValueError(
         f'harden_temperature must be > 0 (or None), got {harden_temperature}.'
@@ -409,6 +417,11 @@ class SSMMixer(nnx.Module):
         self.dictionary[...] = permutation_dictionary(
           rngs.params(), num_dict, N
         ).astype(param_dtype)
+      if dict_init_scale != 1.0:
+        # The column argmax (and, with relax_normalize, the relaxation)
+        # ignores M_t's scale, so a smaller dictionary is the same layer
+        # whose entries an optimiser of fixed step size reorders sooner.
+        self.dictionary[...] = dict_init_scale * self.dictionary[...]
     if mode in ('pdssm', 'complex_diag'):
       self.mag_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)
       self.phase_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)

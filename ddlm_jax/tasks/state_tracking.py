@@ -171,7 +171,24 @@ def _model_options(m) -> dict:
       f"model.dict_init='permutation' needs model.num_dict <= "
       f'model.state_size, got {m.num_dict} > {m.state_size}; lower num_dict.'
     )
+  dict_scale = m.get('dict_init_scale', 1.0)
+  if (
+    isinstance(dict_scale, bool)
+    or not isinstance(dict_scale, (int, float))
+    or dict_scale <= 0
+  ):
+    raise ConfigError(
+      f'model.dict_init_scale={dict_scale!r}: must be a number > 0 (1: the '
+      'init of the PD-SSM dictionary unscaled).'
+    )
+  if dict_scale != 1.0 and m.mixer not in _PDSSM_MIXERS:
+    raise ConfigError(
+      f'model.dict_init_scale={dict_scale!r} applies to the PD-SSM mixers '
+      f'{_PDSSM_MIXERS}, not model.mixer={m.mixer!r}; set it to 1.'
+    )
   out = {}
+  if dict_scale != 1.0:
+    out['dict_init_scale'] = float(dict_scale)
   if init:
     out['init'] = init
   if dict_init:

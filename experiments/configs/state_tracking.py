@@ -232,6 +232,10 @@ def get_config(arg: str = 'pdssm,parity') -> ml_collections.ConfigDict:
   # PD-SSM dictionary init ('' = random): 'permutation' starts every token's
   # hardened P as a bijection (ssm.permutation_dictionary).
   c.model.dict_init = ''
+  # The PD-SSM dictionary starts as this multiple of its init (pdssm,
+  # pdssm_paper). The hardened P_t ignores the scale; a small dictionary
+  # lets Adam reorder its columns (change a token's map) in fewer steps.
+  c.model.dict_init_scale = 1.0
   # PD-SSM relaxation while training ('' = off: hardmax forward with the
   # straight-through gradient): 'sinkhorn' trains through the doubly
   # stochastic sinkhorn(M_t, T), T annealed geometrically from
