@@ -369,6 +369,7 @@ def _groups_preset(c: ml_collections.ConfigDict, task: str) -> None:
   c.model.scan_impl = 'reference'
   c.model.initial_state = 'onehot'
   c.model.dict_init = 'permutation'
+  c.model.dict_init_scale = 0.1
   c.model.magnitude_init = 0.99
   c.model.phase_init = 1e-4
   c.model.relax = 'sinkhorn'
