@@ -56,6 +56,14 @@ Presets:
           relations hold, 6 distinct maps), the input making the block's
           values distinct so their order names the element; not the
           6-state regular representation on the orbit of e_0.
+          A4 (N = 12, K = 8), same day and host (load 6-8):
+            a4_gen (a 3-cycle, a double transposition)  100.0% on
+                    seeds 0, 1, 2 (steps 1000 / 750 / 750, 194-252 s);
+                    A4 acts on a closed block of 4 (seeds 1, 2) or 6
+                    states (seed 0) with every relation holding
+            a4 (all twelve elements)  seed 0 8.2% (chance 8.3%) after
+                    2500 steps (602 s): train words fitted to 30%, 4 of
+                    the 12 hardened maps not bijections. Not solved.
           Before dict_init_scale (2026-12-04, dictionary at scale 1):
           seed 0 98.4%, seeds 1 and 2 at chance. Why: a permutation
           entry of 1 needs ~1 / lr = 500 Adam steps to be overtaken, so
