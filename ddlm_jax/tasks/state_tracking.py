@@ -23,9 +23,10 @@ mixers through ``classifier_config``.
 Group diagnostic: for a PD-SSM ('pdssm', 'pdssm_paper') on a group task,
 every validation record also carries ``bijective_frac``,
 ``homomorphism_frac``, ``orbit_size`` and ``distinct_maps`` of the first
-layer's hardened token maps (``ddlm_jax.evaluation.group_maps``), so a run
-that is building a permutation representation can be told from one that
-is not.
+layer's hardened token maps on the orbit of h_0, and the same on the best
+closed block of states (``block_*``; ``ddlm_jax.evaluation.group_maps``),
+so a run that is building a permutation representation can be told from
+one that is not.
 
 Model selection: the task's after-eval hook keeps the parameters with the
 best validation accuracy in state.extra (validation uses the test lengths
