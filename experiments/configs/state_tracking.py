@@ -64,6 +64,14 @@ Presets:
             a4 (all twelve elements)  seed 0 8.2% (chance 8.3%) after
                     2500 steps (602 s): train words fitted to 30%, 4 of
                     the 12 hardened maps not bijections. Not solved.
+                    Probes of seed 0 (not the preset): K = 12 (one
+                    atom per token) fits 99.8% of train words through
+                    the relaxation and stays at chance hardened (its
+                    relaxed P never becomes a permutation, 3 of 12
+                    maps not bijections); adding relax_hard_from 0.6
+                    gives 13.9% test (the hard layer fits 79% of train
+                    words). A4 with all elements needs the relaxation
+                    to harden, which neither does at this budget.
           Before dict_init_scale (2026-12-04, dictionary at scale 1):
           seed 0 98.4%, seeds 1 and 2 at chance. Why: a permutation
           entry of 1 needs ~1 / lr = 500 Adam steps to be overtaken, so
