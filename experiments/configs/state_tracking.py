@@ -57,7 +57,9 @@ Presets:
             seed 4  14.6%, chance: fits 99.9% of train words through
                     a relaxation that does not harden (mean column
                     entropy 0.1 at T = 0.05), 6 distinct bijective maps
-                    satisfying 36-44% of the relations from step 500 on
+                    satisfying 36-44% of the relations from step 500 on;
+                    a straight-through phase from 60% of the steps
+                    (relax_hard_from 0.6) does not rescue it (14.6%)
           so the preset is not yet robust on every seed. Each of seeds
           0-2 carries S3 as its natural action
           on a closed block of 3 states (the diagnostic's block_*: all
