@@ -52,6 +52,9 @@ def test_regular_representation_scores_one(group):
     'homomorphism_frac': 1.0,
     'orbit_size': len(table),
     'distinct_maps': len(table),
+    'block_size': len(table),
+    'block_homomorphism_frac': 1.0,
+    'block_distinct_maps': len(table),
   }
 
 
@@ -68,6 +71,31 @@ def test_embedded_representation_scores_one_on_its_orbit():
   # Started everywhere, the junk states join the orbit and break it.
   res_all = gm.group_map_scores(maps, table, start=range(12))
   assert res_all['homomorphism_frac'] < 1.0
+
+
+def test_a_representation_off_the_orbit_of_h0_is_found_in_a_block():
+  # S3 permuting states 2, 4, 5 as it permutes the points 0, 1, 2 (the
+  # natural action, faithful), while every map fixes 0 and swaps 1 and 3
+  # by the sign: the orbit of e_0 is {0}, where only the identity acts.
+  elems, table = _s3_by_hand()
+  pts = np.array([2, 4, 5])
+  maps = np.tile(np.arange(6), (6, 1))
+  for a, p in enumerate(elems):
+    maps[a, pts] = pts[list(p)]
+    inversions = sum(p[i] > p[j] for i in range(3) for j in range(i + 1, 3))
+    if inversions % 2:
+      maps[a, [1, 3]] = [3, 1]
+  res = gm.group_map_scores(maps, table)
+  assert res['orbit_size'] == 1 and res['distinct_maps'] == 1
+  assert res['block_size'] == 3
+  assert res['block_homomorphism_frac'] == 1.0
+  assert res['block_distinct_maps'] == 6
+  # A block whose maps are not all bijections does not count.
+  maps[0, 2] = 4
+  res = gm.group_map_scores(maps, table)
+  assert res['block_size'] == 2 and res['block_distinct_maps'] == 2
+  # (The sign block {1, 3}: a homomorphism onto C2.)
+  assert res['block_homomorphism_frac'] == 1.0
 
 
 def test_random_functions_score_low():
@@ -108,6 +136,9 @@ def test_generator_scores():
     'homomorphism_frac': 1.0,
     'orbit_size': 60,
     'distinct_maps': 3,
+    'block_size': 60,
+    'block_homomorphism_frac': 1.0,
+    'block_distinct_maps': 3,
   }
   rng = np.random.default_rng(2)
   bad = gm.generator_map_scores(rng.integers(0, 64, (3, 64)), gens, table, 0)

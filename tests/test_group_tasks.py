@@ -53,7 +53,15 @@ def _perms(n, even_only=False):
   return sorted(out)
 
 
-_GROUPS = {'S3': _perms(3), 'A5': _perms(5, True), 'S5': _perms(5)}
+_GROUPS = {
+  'S3': _perms(3),
+  'A4': _perms(4, True),
+  'A5': _perms(5, True),
+  'S5': _perms(5),
+}
+# a4_gen's tokens: the 3-cycle 0 -> 1 -> 2 -> 0 and the double transposition
+# (0 1)(2 3), as tuples of images.
+_A4_GEN = [(1, 2, 0, 3), (1, 0, 3, 2)]
 
 
 def _then(p, q):
@@ -100,19 +108,33 @@ def test_generated_subgroup_by_enumeration():
 
 
 @pytest.mark.parametrize(
-  'task, k', [('s3', None), ('s3', 2), ('a5', 2), ('a5', 8), ('s5', 4)]
+  'task, k',
+  [
+    ('s3', None),
+    ('s3', 2),
+    ('a4', None),
+    ('a4_gen', None),
+    ('a5', 2),
+    ('a5', 8),
+    ('s5', 4),
+  ],
 )
 def test_labels_and_prefix_labels_equal_independent_products(task, k):
   group = st.task_spec(task).group
   data = st.make_split(
     task, 'train', 40, seed=5, num_generators=k, prefix_labels=True
   )
-  gens = list(st.group_generators(group, k))
-  assert len(gens) == (len(_GROUPS[group]) if k is None else k)
+  gens = list(st.task_generators(task, k))
+  if task == 'a4_gen':  # Its two fixed generators, in token order.
+    assert [_GROUPS[group][g] for g in gens] == _A4_GEN
+  elif k is None:
+    assert len(gens) == len(_GROUPS[group])
+  else:
+    assert len(gens) == k
   # The token set generates the whole group, without the identity.
   assert len(st.generated_subgroup(group, gens)) == len(_GROUPS[group])
-  if k is not None:
-    assert 0 not in gens and len(set(gens)) == k
+  if k is not None or task == 'a4_gen':
+    assert 0 not in gens and len(set(gens)) == len(gens)
   for tok, n, lab, pre in zip(
     data['tokens'], data['lengths'], data['labels'], data['prefix_labels']
   ):
@@ -147,7 +169,32 @@ def test_generator_sets_that_cannot_generate_raise():
   with pytest.raises(ValueError, match='prefix_labels'):
     st.make_split('parity', 'train', 4, seed=0, prefix_labels=True)
   with pytest.raises(ValueError, match='unknown group'):
-    st.group_elements('A4')
+    st.group_elements('A6')
+  # a4_gen's generators are fixed: a random count is refused.
+  with pytest.raises(ValueError, match='fixed generators'):
+    st.make_split('a4_gen', 'train', 4, seed=0, num_generators=2)
+
+
+def test_a4_info_and_elements():
+  assert st.task_info('a4') == (13, 12)
+  assert st.task_info('a4_gen') == (3, 12)
+  elems = _GROUPS['A4']
+  assert len(elems) == 12 and st.group_identity('A4') == 0
+  # The two generators have orders 3 and 2 and generate all of A4 (a
+  # 3-cycle with a double transposition), by explicit closure.
+  closure, frontier = {elems[0]}, [elems[0]]
+  while frontier:
+    frontier = [
+      _then(p, g)
+      for p in frontier
+      for g in _A4_GEN
+      if _then(p, g) not in closure
+    ]
+    closure.update(frontier)
+  assert closure == set(elems)
+  gens = st.task_generators('a4_gen')
+  assert len(st.generated_subgroup('A4', gens)) == 12
+  assert 'a4' not in st.TASKS and 'a4_gen' not in st.TASKS
 
 
 # ----------------------------------------------------------------------------

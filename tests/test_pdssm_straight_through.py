@@ -242,9 +242,10 @@ def test_input_init_scale_scales_b():
     st_task.classifier_config(c)
 
 
-def test_groups_preset_builds_the_documented_layer():
-  c = cfgs.get_config('pdssm,s3,groups')
-  assert c.model.num_layers == 1 and c.model.state_size == 6  # |S3|
+@pytest.mark.parametrize('task, order', [('s3', 6), ('a4', 12), ('a4_gen', 12)])
+def test_groups_preset_builds_the_documented_layer(task, order):
+  c = cfgs.get_config(f'pdssm,{task},groups')
+  assert c.model.num_layers == 1 and c.model.state_size == order  # |G|
   assert c.task.loss_on == 'prefix' and c.task.curriculum_steps > 0
   kwargs = dict(st_task.classifier_config(c).mixer_kwargs)
   assert kwargs['dict_init'] == 'permutation'
@@ -258,7 +259,7 @@ def test_groups_preset_builds_the_documented_layer():
   mixer = model.blocks[0].mixer
   u = jax.random.normal(jax.random.key(1), (1, 4, c.model.d_model))
   assert mixer.relax_temperature is None
-  assert mixer.transition_indices(u).shape == (1, 4, 6)
+  assert mixer.transition_indices(u).shape == (1, 4, order)
   assert jnp.iscomplexobj(mixer.diagonal(u))
 
 
@@ -286,3 +287,113 @@ def test_phase_penalty_adds_the_mean_squared_wrapped_phase():
   np.testing.assert_allclose(aux['phase_sq'], (phase**2).mean(), rtol=1e-4)
   assert float(aux['phase_sq']) > 0.1  # Default init: phases around pi.
   np.testing.assert_allclose(value, plain + 2.0 * aux['phase_sq'], rtol=1e-5)
+
+
+def test_gumbel_noise_perturbs_the_sinkhorn_input_of_the_relaxed_forward():
+  mixer = _mixer(relax_normalize=True)
+  u_BxLxD, _ = _inputs()
+  graphdef, params = nnx.split(mixer)
+
+  @jax.jit
+  def forward(tau, noise, key):
+    # Traced, as the training step sets them (nnx keeps no concrete key).
+    m = nnx.merge(graphdef, params)
+    m.relax_temperature, m.relax_noise, m.relax_key = tau, noise, key
+    return m(u_BxLxD)
+
+  key = jax.random.key(3)
+  mixer.relax_temperature = TAU
+  plain = mixer(u_BxLxD)
+  # Zero scale: the plain relaxation.
+  np.testing.assert_allclose(
+    forward(TAU, 0.0, key), plain, rtol=1e-5, atol=1e-6
+  )
+  noisy = forward(TAU, 0.7, key)
+  assert float(jnp.abs(noisy - plain).max()) > 1e-2
+  # The same forward written out: sinkhorn((z(M_t) + 0.7 g) / T), then the
+  # dense scan of A_t = P_t D_t and the readout.
+  z = mixer._sinkhorn_input(mixer.mixture(u_BxLxD))
+  soft = sinkhorn(z + 0.7 * jax.random.gumbel(key, z.shape), TAU, 20)
+  d = mixer.diagonal(u_BxLxD)
+  h0 = jnp.zeros((2, 6), jnp.complex64).at[:, 0].set(1)
+  h, _ = ssm.dense_scan(soft * d[..., None, :], mixer.inputs(u_BxLxD), h0)
+  np.testing.assert_allclose(
+    noisy, mixer.readout(h, u_BxLxD), rtol=1e-4, atol=1e-5
+  )
+  # Evaluation (no temperature) never sees the noise.
+  mixer.relax_temperature = None
+  np.testing.assert_allclose(
+    forward(None, 0.7, key), mixer(u_BxLxD), rtol=1e-5, atol=1e-6
+  )
+
+
+def test_relax_noise_schedule_batches_and_checks():
+  c = cfgs.get_config('pdssm,s3,smoke')
+  c.model.relax = 'sinkhorn'
+  c.train.num_steps = 100
+  c.model.relax_anneal_fraction = 0.5
+  assert c.model.relax_noise == 0.0  # Default: off, no noise in the batch.
+  assert 'relax_noise' not in next(st_task._train_batches(c, 0, 0))
+  c.model.relax_noise = 2.0
+  # Linear from 2 at step 0 to 0 at the end of the anneal (step 50).
+  got = [st_task.relax_noise(c, s) for s in (0, 25, 50, 80)]
+  np.testing.assert_allclose(got, [2.0, 1.0, 0.0, 0.0])
+  np.testing.assert_allclose(
+    next(st_task._train_batches(c, 0, 25))['relax_noise'], 1.0
+  )
+  # The training loss draws fresh noise from the step's key.
+  graphdef, init, _ = st_task.programs(st_task.classifier_config(c), True)
+  params = init(jax.random.key(0))
+  batch = {
+    k: jnp.asarray(v) for k, v in next(st_task._train_batches(c, 0, 0)).items()
+  }
+  loss = jax.jit(st_task._loss_fn(graphdef, 'last'))
+  a, _ = loss(params, jax.random.key(1), batch)
+  b, _ = loss(params, jax.random.key(2), batch)
+  again, _ = loss(params, jax.random.key(1), batch)
+  assert float(a) == float(again) and abs(float(a) - float(b)) > 1e-6
+  c.model.relax_noise = -1.0
+  with pytest.raises(ConfigError, match='relax_noise'):
+    st_task.state_tracking_task(c)
+  c.model.relax_noise, c.model.relax = 1.0, ''
+  with pytest.raises(ConfigError, match='relax_noise'):
+    st_task.state_tracking_task(c)
+
+
+def test_dict_init_scale_shrinks_the_dictionary_not_the_layer():
+  u_BxLxD, mask_BxL = _inputs()
+  kw = dict(dict_init='permutation', relax_normalize=True)
+  base = _mixer(**kw, harden_temperature=0.05)
+  small = _mixer(**kw, harden_temperature=0.05, dict_init_scale=0.1)
+  np.testing.assert_allclose(
+    small.dictionary[...], 0.1 * base.dictionary[...], rtol=1e-6
+  )
+  # The same hardened maps and the same evaluation layer ...
+  np.testing.assert_array_equal(
+    small.transition_indices(u_BxLxD), base.transition_indices(u_BxLxD)
+  )
+  np.testing.assert_allclose(
+    small(u_BxLxD, mask_BxL), base(u_BxLxD, mask_BxL), rtol=1e-5, atol=1e-6
+  )
+  # ... and the same normalised relaxation (up to the epsilon of the
+  # standardisation, relatively 10x larger on the small dictionary).
+  for m in (base, small):
+    m.relax_temperature = TAU
+  np.testing.assert_allclose(
+    small(u_BxLxD, mask_BxL), base(u_BxLxD, mask_BxL), rtol=1e-3, atol=1e-4
+  )
+  with pytest.raises(ValueError, match='dict_init_scale'):
+    _mixer(dict_init_scale=0.0)
+  c = cfgs.get_config('pdssm,s3,smoke')
+  assert 'dict_init_scale' not in dict(
+    st_task.classifier_config(c).mixer_kwargs
+  )
+  c.model.dict_init_scale = 0.1
+  kwargs = dict(st_task.classifier_config(c).mixer_kwargs)
+  assert kwargs['dict_init_scale'] == 0.1
+  c.model.dict_init_scale = -1.0
+  with pytest.raises(ConfigError, match='dict_init_scale'):
+    st_task.classifier_config(c)
+  c.model.dict_init_scale, c.model.mixer = 0.1, 'complex_diag'
+  with pytest.raises(ConfigError, match='dict_init_scale'):
+    st_task.classifier_config(c)

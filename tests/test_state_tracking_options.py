@@ -55,11 +55,15 @@ def test_every_group_task_is_reachable_from_the_config_argument():
     c = cfgs.get_config(f'pdssm_paper,{name},paper1')
     assert c.task.name == name and c.task.loss_on == 'last'
     ccfg = st_task.classifier_config(c)
-    # By default every group element is a token, plus PAD.
+    # By default every group element is a token (or the task's fixed
+    # generators), plus PAD.
+    tokens = len(spec.generators) or spec.num_classes
     assert (ccfg.vocab_size, ccfg.num_classes) == (
-      spec.num_classes + 1,
+      tokens + 1,
       spec.num_classes,
     )
+    if spec.generators:
+      continue
     c.task.num_generators = 2
     ccfg = st_task.classifier_config(c)
     assert (ccfg.vocab_size, ccfg.num_classes) == (3, spec.num_classes)

@@ -17,7 +17,10 @@ PD-SSM paper (arXiv 2509.22284) compares sequence models:
   group); label = product of the sequence. ``s3`` (in ``GROUP_TASKS``, 6
   elements, the smallest non-abelian group) is the cheap diagnostic: its
   regular representation fits a PD-SSM state of N = 6, so a trainable PD-SSM
-  must solve it at CPU budget. ``GROUP_TASKS`` are reachable through every
+  must solve it at CPU budget. ``a4`` (every one of the 12 even
+  permutations of 4 points is a token) and ``a4_gen`` (two fixed
+  generators, the 3-cycle (0 1 2) and the double transposition (0 1)(2 3))
+  are the next size up. ``GROUP_TASKS`` are reachable through every
   function here but kept out of ``TASKS`` (the benchmark table's registry).
   ``prefix_labels=True`` adds the product of every prefix (the per-token
   supervision of the Merrill et al. / Walker et al. A5 data).
@@ -25,8 +28,8 @@ PD-SSM paper (arXiv 2509.22284) compares sequence models:
 Permutation convention (explicit, used everywhere in this module): an element
 of S_n is a tuple ``g`` with ``g[i]`` = image of point ``i``; S_n elements
 are indexed in lexicographic order of ``itertools.permutations(range(n))``
-(n = 5 for S5, 3 for S3), A5 elements are the even permutations of 5 points
-in the same order. The word g_1 g_2 ... g_L
+(n = 5 for S5, 3 for S3), A5 and A4 elements are the even permutations of 5
+and 4 points in the same order. The word g_1 g_2 ... g_L
 is multiplied LEFT TO RIGHT with "apply the left factor first":
 (g * h)[i] = h[g[i]], so the label is the permutation
 i -> g_L[...g_2[g_1[i]]...], and the running state is s_t = s_{t-1} * g_t.
@@ -75,7 +78,10 @@ class TaskSpec:
     token_names: names of real tokens; token id = 1 + position in this tuple.
     num_classes: number of labels.
     odd_lengths_only: expressions must have odd length (mod_arith).
-    group: 'A5' / 'S5' / 'S3' for word problems, else None.
+    group: 'A5' / 'S5' / 'S3' / 'A4' for word problems, else None.
+    generators: a group task's fixed token elements as permutation tuples
+      (images of the points); empty: every element, or ``num_generators``
+      random ones.
   """
 
   name: str
@@ -83,6 +89,7 @@ class TaskSpec:
   num_classes: int
   odd_lengths_only: bool = False
   group: str | None = None
+  generators: tuple[tuple[int, ...], ...] = ()
 
 
 # ----------------------------------------------------------------------------
@@ -90,7 +97,12 @@ class TaskSpec:
 
 
 # Group name -> (number of points, even permutations only).
-GROUPS = {'S5': (5, False), 'A5': (5, True), 'S3': (3, False)}
+GROUPS = {
+  'S5': (5, False),
+  'A5': (5, True),
+  'S3': (3, False),
+  'A4': (4, True),
+}
 
 
 @functools.cache
@@ -212,6 +224,11 @@ TASKS: dict[str, TaskSpec] = {
 # benchmark registry (TASKS, the configs' task list) does not list them.
 GROUP_TASKS: dict[str, TaskSpec] = {
   's3': TaskSpec('s3', (), 6, group='S3'),
+  'a4': TaskSpec('a4', (), 12, group='A4'),
+  # A 3-cycle and a double transposition: together they generate A4.
+  'a4_gen': TaskSpec(
+    'a4_gen', (), 12, group='A4', generators=((1, 2, 0, 3), (1, 0, 3, 2))
+  ),
 }
 
 # mod_arith token ids.
@@ -237,8 +254,32 @@ def _check_group_kwargs(
   if spec.group is None and (num_generators is not None or prefix_labels):
     raise ValueError(
       'num_generators and prefix_labels apply only to group tasks (a5, s5, '
-      f's3), not {spec.name!r}.'
+      f'{", ".join(GROUP_TASKS)}), not {spec.name!r}.'
     )
+  if spec.generators and num_generators is not None:
+    raise ValueError(
+      f'{spec.name} has {len(spec.generators)} fixed generators; leave '
+      f'num_generators unset (0 in a config), got {num_generators}.'
+    )
+
+
+def task_generators(
+  task: str, num_generators: int | None = None, generator_seed: int = 0
+) -> np.ndarray:
+  """Element indices of a group task's tokens (token id = 1 + position).
+
+  The task's fixed ``generators`` when it has them, else
+  ``group_generators`` (every element, or k random ones).
+  """
+  spec = task_spec(task)
+  if spec.group is None:
+    raise ValueError(f'{task!r} is not a group task.')
+  _check_group_kwargs(spec, num_generators)
+  if spec.generators:
+    elems = group_elements(spec.group)
+    index = {tuple(int(i) for i in p): k for k, p in enumerate(elems)}
+    return np.array([index[tuple(g)] for g in spec.generators], np.int64)
+  return group_generators(spec.group, num_generators, generator_seed)
 
 
 def task_info(
@@ -248,7 +289,7 @@ def task_info(
   spec = task_spec(task)
   _check_group_kwargs(spec, num_generators)
   if spec.group is not None:
-    n_tok = len(group_generators(spec.group, num_generators))
+    n_tok = len(task_generators(task, num_generators))
     return n_tok + 1, spec.num_classes
   return len(spec.token_names) + 1, spec.num_classes
 
@@ -323,7 +364,7 @@ def _generate(
     tokens = np.where(pos_L[None, :] % 2 == 0, nums, ops)
     labels = _labels_mod_arith(tokens, lengths)
   else:
-    gens = group_generators(spec.group, num_generators, generator_seed)
+    gens = task_generators(spec.name, num_generators, generator_seed)
     table = group_table(spec.group)
     raw = rng.integers(0, len(gens), size=(num, pad_to))
     elem = gens[raw]

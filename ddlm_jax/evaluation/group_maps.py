@@ -15,6 +15,12 @@ from one that memorises the last few tokens; these two numbers can:
   orbit. The trivial representation (every map the identity) satisfies
   every relation; a faithful one, which the task needs, has one distinct
   map per element (per generator when the tokens are generators).
+- ``block_*``: the same three numbers on the best block, the orbit of a
+  single state that the maps keep to themselves (most relations satisfied,
+  then most distinct maps, then fewest states). A layer can carry the
+  group on states that h_0 never reaches, written by the input (e.g. S3
+  permuting three states whose values the input makes distinct): the
+  orbit of h_0 misses that representation, a block does not.
 
 Convention (that of ``ddlm_jax.models.ssm``): a map is the column argmax
 ``p_xN`` of P, so the state j moves to ``p[j]``; a word is applied left to
@@ -93,15 +99,18 @@ def group_map_scores(
     raise ValueError(
       f'maps_GxN must be a 2-D integer array, got {maps.dtype} {maps.shape}.'
     )
-  states = orbit(maps, start)
-  return {
-    'bijective_frac': float(bijective_on(maps, states).mean()),
-    'homomorphism_frac': float(
-      homomorphism_hits(maps, table_GxG, states).mean()
-    ),
-    'orbit_size': int(len(states)),
-    'distinct_maps': _distinct(maps, states),
-  }
+
+  def scores(states):
+    return {
+      'bijective_frac': float(bijective_on(maps, states).mean()),
+      'homomorphism_frac': float(
+        homomorphism_hits(maps, table_GxG, states).mean()
+      ),
+      'orbit_size': int(len(states)),
+      'distinct_maps': _distinct(maps, states),
+    }
+
+  return {**scores(orbit(maps, start)), **_best_block(maps, scores)}
 
 
 def generator_map_scores(
@@ -128,7 +137,6 @@ def generator_map_scores(
       f'gen_maps_KxN must be [{len(gens)}, N] (one row per generator), '
       f'got {maps.shape}.'
     )
-  states = orbit(maps, start)
   elem = {int(identity): np.arange(maps.shape[1])}
   tree, frontier = set(), [int(identity)]
   while frontier:
@@ -141,17 +149,51 @@ def generator_map_scores(
           tree.add((g, k))
           nxt.append(h)
     frontier = nxt
-  hits = [
-    bool((maps[k][elem[g][states]] == elem[int(table[g, s])][states]).all())
-    for g in elem
-    for k, s in enumerate(gens)
-    if (g, k) not in tree
-  ]
+
+  def scores(states):
+    hits = [
+      bool((maps[k][elem[g][states]] == elem[int(table[g, s])][states]).all())
+      for g in elem
+      for k, s in enumerate(gens)
+      if (g, k) not in tree
+    ]
+    return {
+      'bijective_frac': float(bijective_on(maps, states).mean()),
+      'homomorphism_frac': float(np.mean(hits)) if hits else 1.0,
+      'orbit_size': int(len(states)),
+      'distinct_maps': _distinct(maps, states),
+    }
+
+  return {**scores(orbit(maps, start)), **_best_block(maps, scores)}
+
+
+def _best_block(maps_GxN: np.ndarray, scores) -> dict:
+  """``block_*`` scores of the best closed orbit of one state.
+
+  ``scores(states)`` is the scorer of the caller; only orbits that every
+  map keeps inside (the maps restricted to them are bijections) count.
+  """
+  maps = np.asarray(maps_GxN)
+  blocks = {tuple(orbit(maps, (s,)).tolist()) for s in range(maps.shape[1])}
+  best, key = None, None
+  for block in sorted(blocks):
+    states = np.array(block, np.int64)
+    if not bijective_on(maps, states).all():
+      continue
+    got = scores(states)
+    rank = (got['homomorphism_frac'], got['distinct_maps'], -len(block))
+    if key is None or rank > key:
+      best, key = got, rank
+  if best is None:  # No map keeps any orbit (none is a bijection).
+    return {
+      'block_size': 0,
+      'block_homomorphism_frac': 0.0,
+      'block_distinct_maps': 0,
+    }
   return {
-    'bijective_frac': float(bijective_on(maps, states).mean()),
-    'homomorphism_frac': float(np.mean(hits)) if hits else 1.0,
-    'orbit_size': int(len(states)),
-    'distinct_maps': _distinct(maps, states),
+    'block_size': best['orbit_size'],
+    'block_homomorphism_frac': best['homomorphism_frac'],
+    'block_distinct_maps': best['distinct_maps'],
   }
 
 

@@ -17,7 +17,8 @@ y_t = Re(C h_t) + D_skip * u_t:
   bijection) and ``relax_temperature`` (train through the dense Sinkhorn
   relaxation of P_t, ``dense_scan``; evaluation keeps the hardmax; with
   ``relax_hard`` the training forward is the hardmax layer itself and only
-  the backward is relaxed).
+  the backward is relaxed; with ``relax_noise`` the relaxation is the
+  Gumbel-Sinkhorn one, which samples permutations around M_t).
 - D_t is complex diagonal: |D_t| = sigmoid(MLP_mag(u_t)) (clipped to
   ``max_magnitude`` < 1 so the system stays BIBO-stable in float32, where
   sigmoid saturates to exactly 1), phase = 2 pi sigmoid(MLP_phase(u_t)).
@@ -269,6 +270,14 @@ class SSMMixer(nnx.Module):
       sinkhorn(M_t, T), P = P_hard + P_soft - stop_gradient(P_soft). Train
       and evaluation then see the same layer while the gradient still
       reaches every entry of M_t.
+    relax_noise: None, or a scale sigma >= 0 (a float or a traced scalar,
+      set with ``relax_key`` for a training step): the relaxed forward runs
+      sinkhorn((M_t + sigma g) / T) with g ~ Gumbel(0, 1) drawn
+      independently for every entry (the Gumbel-Sinkhorn estimator of a
+      random permutation), so training samples permutations near the
+      current one instead of always following the same relaxation.
+      Evaluation and the straight-through hardening never add noise.
+    relax_key: the PRNG key of that noise.
     sinkhorn_iters: Sinkhorn iterations of the relaxed forward.
     harden_temperature: None (the paper: P_t = hardmax of M_t's columns),
       or T1 > 0: P_t = hardmax of sinkhorn(M_t, T1)'s columns, the
@@ -277,6 +286,11 @@ class SSMMixer(nnx.Module):
       (a fraction of 2 pi), the same for every token and state.
     input_init_scale: B (pdssm, complex_diag) starts as this multiple of
       its default init; 0 starts the layer without input.
+    dict_init_scale: the PD-SSM dictionary starts as this multiple (> 0) of
+      its init. The hardened P_t (and, with ``relax_normalize``, the
+      relaxed one) does not depend on it; Adam's steps do not scale with
+      the parameters, so a small dictionary lets training reorder the
+      columns of M_t (change a token's permutation) in fewer steps.
     relax_normalize: Sinkhorn (relaxed forward and ``harden_temperature``)
       reads M_t with every column standardised (zero mean, unit std over
       rows). The column argmax is unchanged, but the model can no longer
@@ -304,6 +318,7 @@ class SSMMixer(nnx.Module):
     relax_normalize: bool = False,
     phase_init: float | None = None,
     input_init_scale: float = 1.0,
+    dict_init_scale: float = 1.0,
     param_dtype=jnp.float32,
     rngs: nnx.Rngs,
   ):
@@ -357,6 +372,11 @@ class SSMMixer(nnx.Module):
     self.init = init
     self.relax_temperature = None
     self.relax_hard = None
+    # Gumbel-Sinkhorn exploration of a relaxed forward (set per training
+    # step, like relax_temperature): the Sinkhorn input gets
+    # relax_noise * Gumbel(0, 1) noise drawn from relax_key.
+    self.relax_noise = None
+    self.relax_key = None
     # Set by a relaxed forward: mean entropy (nats) of the relaxed P_t's
     # columns, 0 exactly at a permutation (model.relax_entropy_weight).
     self.relax_entropy = None
@@ -365,6 +385,8 @@ class SSMMixer(nnx.Module):
     # (model.phase_penalty_weight).
     self.phase_square = None
     self.sinkhorn_iters = 20
+    if not dict_init_scale > 0:
+      raise ValueError(f'dict_init_scale must be > 0, got {dict_init_scale}.')
     if harden_temperature is not None and harden_temperature <= 0:
       raise ValueError(
         f'harden_temperature must be > 0 (or None), got {harden_temperature}.'
@@ -395,6 +417,11 @@ class SSMMixer(nnx.Module):
         self.dictionary[...] = permutation_dictionary(
           rngs.params(), num_dict, N
         ).astype(param_dtype)
+      if dict_init_scale != 1.0:
+        # The column argmax (and, with relax_normalize, the relaxation)
+        # ignores M_t's scale, so a smaller dictionary is the same layer
+        # whose entries an optimiser of fixed step size reorders sooner.
+        self.dictionary[...] = dict_init_scale * self.dictionary[...]
     if mode in ('pdssm', 'complex_diag'):
       self.mag_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)
       self.phase_mlp = fc_mlp(D, H, N, 'state', rngs=rngs, **pd)
@@ -549,9 +576,12 @@ class SSMMixer(nnx.Module):
       )
     if self.relax_temperature is not None:
       m = self.mixture(u_BxLxD)
-      soft = sinkhorn(
-        self._sinkhorn_input(m), self.relax_temperature, self.sinkhorn_iters
-      )
+      logits = self._sinkhorn_input(m)
+      if self.relax_noise is not None and self.relax_key is not None:
+        logits = logits + self.relax_noise * jax.random.gumbel(
+          self.relax_key, logits.shape, logits.dtype
+        )
+      soft = sinkhorn(logits, self.relax_temperature, self.sinkhorn_iters)
       turns = jax.nn.sigmoid(self.phase_mlp(u_BxLxD))
       wrapped = 2 * jnp.pi * jnp.minimum(turns, 1.0 - turns)
       self._record('phase_square', jnp.mean(wrapped**2))

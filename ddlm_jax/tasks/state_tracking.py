@@ -23,9 +23,10 @@ mixers through ``classifier_config``.
 Group diagnostic: for a PD-SSM ('pdssm', 'pdssm_paper') on a group task,
 every validation record also carries ``bijective_frac``,
 ``homomorphism_frac``, ``orbit_size`` and ``distinct_maps`` of the first
-layer's hardened token maps (``ddlm_jax.evaluation.group_maps``), so a run
-that is building a permutation representation can be told from one that
-is not.
+layer's hardened token maps on the orbit of h_0, and the same on the best
+closed block of states (``block_*``; ``ddlm_jax.evaluation.group_maps``),
+so a run that is building a permutation representation can be told from
+one that is not.
 
 Model selection: the task's after-eval hook keeps the parameters with the
 best validation accuracy in state.extra (validation uses the test lengths
@@ -171,7 +172,24 @@ def _model_options(m) -> dict:
       f"model.dict_init='permutation' needs model.num_dict <= "
       f'model.state_size, got {m.num_dict} > {m.state_size}; lower num_dict.'
     )
+  dict_scale = m.get('dict_init_scale', 1.0)
+  if (
+    isinstance(dict_scale, bool)
+    or not isinstance(dict_scale, (int, float))
+    or dict_scale <= 0
+  ):
+    raise ConfigError(
+      f'model.dict_init_scale={dict_scale!r}: must be a number > 0 (1: the '
+      'init of the PD-SSM dictionary unscaled).'
+    )
+  if dict_scale != 1.0 and m.mixer not in _PDSSM_MIXERS:
+    raise ConfigError(
+      f'model.dict_init_scale={dict_scale!r} applies to the PD-SSM mixers '
+      f'{_PDSSM_MIXERS}, not model.mixer={m.mixer!r}; set it to 1.'
+    )
   out = {}
+  if dict_scale != 1.0:
+    out['dict_init_scale'] = float(dict_scale)
   if init:
     out['init'] = init
   if dict_init:
@@ -243,6 +261,18 @@ def relax_hard(config, step: int) -> bool:
   return frac < 1 and step >= frac * config.train.num_steps
 
 
+def relax_noise(config, step: int) -> float:
+  """Gumbel noise scale of the relaxed forward at ``step``:
+  model.relax_noise at step 0, falling linearly to 0 at the end of the
+  temperature anneal (relax_anneal_fraction of the steps), so the late
+  steps train the noiseless relaxation that hardens into the evaluated
+  layer."""
+  m = config.model
+  sigma = float(m.get('relax_noise', 0.0))
+  span = max(1.0, m.relax_anneal_fraction * config.train.num_steps)
+  return sigma * max(0.0, 1.0 - step / span)
+
+
 def relax_entropy_weight(config) -> float:
   """model.relax_entropy_weight (0 without a relaxation), checked."""
   m = config.model
@@ -274,6 +304,12 @@ def relax_phase_weight(config) -> float:
 def _check_relax(m) -> str:
   """model.relax ('' or 'sinkhorn') and its schedule, checked."""
   relax = m.get('relax', '')
+  if not relax and m.get('relax_noise', 0.0):
+    raise ConfigError(
+      f'model.relax_noise={m.relax_noise!r} needs model.relax (the noise is '
+      "added to the relaxation); set model.relax='sinkhorn' or "
+      'model.relax_noise=0.'
+    )
   if not relax:
     return ''
   if relax not in RELAXATIONS:
@@ -289,6 +325,16 @@ def _check_relax(m) -> str:
   if len(temps) != 2 or not 0 < temps[1] <= temps[0]:
     raise ConfigError(
       f'model.relax_temperature={temps!r}: need (T0, T1) with 0 < T1 <= T0.'
+    )
+  noise = m.get('relax_noise', 0.0)
+  if isinstance(noise, bool) or not isinstance(noise, (int, float)):
+    raise ConfigError(
+      f'model.relax_noise={noise!r}: must be a number >= 0 (0: off).'
+    )
+  if noise < 0:
+    raise ConfigError(
+      f'model.relax_noise={noise!r}: must be >= 0 (the scale of the Gumbel '
+      'noise of the relaxed forward; 0: off).'
     )
   hard_from = m.get('relax_hard_from', 1.0)
   if isinstance(hard_from, bool) or not isinstance(hard_from, (int, float)):
@@ -318,16 +364,21 @@ def _train_batches(config, seed: int, start: int):
   if not _check_relax(config.model):
     return batches
   size = config.train.batch_size
+  noisy = float(config.model.get('relax_noise', 0.0)) > 0
 
   def with_tau():
     for step, b in enumerate(batches, start):
       tau = relax_temperature(config, step)
       hard = float(relax_hard(config, step))
-      yield {
+      out = {
         **b,
         'relax_tau': np.full((size,), tau, np.float32),
         'relax_hard': np.full((size,), hard, np.float32),
       }
+      if noisy:
+        sigma = relax_noise(config, step)
+        out['relax_noise'] = np.full((size,), sigma, np.float32)
+      yield out
 
   return with_tau()
 
@@ -429,13 +480,15 @@ def _loss_fn(
   """The task's loss: last-token, or mean over real positions ('prefix')."""
 
   def loss(params, key, batch):
-    del key
     model = nnx.merge(graphdef, params)
     if 'relax_tau' in batch:  # Relaxed PD-SSM forward at this temperature.
-      for block in model.blocks:
+      for i, block in enumerate(model.blocks):
         block.mixer.relax_temperature = batch['relax_tau'][0]
         if 'relax_hard' in batch:
           block.mixer.relax_hard = batch['relax_hard'][0] > 0.5
+        if 'relax_noise' in batch:  # Gumbel-Sinkhorn: fresh noise a step.
+          block.mixer.relax_noise = batch['relax_noise'][0]
+          block.mixer.relax_key = jax.random.fold_in(key, i)
     if on == 'prefix':
       logits = model.logits_all(batch['tokens'], batch['lengths'])
       value, acc, prefix_acc = sc.prefix_metrics(
@@ -648,8 +701,10 @@ def group_diagnostic(config):
     return None
   ccfg = classifier_config(config)
   graphdef, _, _ = programs(ccfg, bool(config.train.fast_compile))
-  gens = st.group_generators(
-    group, config.task.num_generators or None, config.task.generator_seed
+  gens = st.task_generators(
+    config.task.name,
+    config.task.num_generators or None,
+    config.task.generator_seed,
   )
   table = st.group_table(group)
   every_element = len(gens) == len(table)
