@@ -72,7 +72,6 @@ CLAIMS = (
     bound='full',
     budget_fraction=_BUDGET,
     cost_minutes=60,
-    pending='queued: 3 seeds of each arm, about 1 h on an idle 2-core host',
   ),
   Claim(
     id='pgm-sampling-flops',
