@@ -57,8 +57,6 @@ def _beats(steps: int, baseline: str) -> Claim:
     command=_COMMAND,
     budget_fraction=_SCALE,
     cost_minutes=60,
-    pending='queued: 3 planner seeds (about 10 min each on an idle 2-core '
-    'host) and the matched-entropy sweeps, about 1 h in all',
   )
 
 

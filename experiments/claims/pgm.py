@@ -49,8 +49,6 @@ _SAMPLING = dict(
   protocol=NAMED_BASELINE,
   command=_time_bound_runs(),
   cost_minutes=10,
-  pending="queued: the timing of the bound claim's 3 trained pairs, about "
-  '10 min on an idle host',
 )
 
 CLAIMS = (

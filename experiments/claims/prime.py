@@ -39,7 +39,6 @@ def _beats_mdlm(id_, arm, what):
     bound='full',
     budget_fraction=_BUDGET,
     cost_minutes=120,
-    pending='queued: 3 seeds of each arm, about 2 h on an idle 2-core host',
   )
 
 
