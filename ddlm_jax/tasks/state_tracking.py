@@ -96,6 +96,23 @@ def loss_on(config) -> str:
   return value
 
 
+def _init_scale(m, key, mixers, which, *, zero_ok, meaning) -> float:
+  """model.KEY (default 1): a number (>= 0 or > 0), only for `mixers`."""
+  value = m.get(key, 1.0)
+  bad = isinstance(value, bool) or not isinstance(value, (int, float))
+  if bad or value < 0 or (value == 0 and not zero_ok):
+    bound = '>= 0' if zero_ok else '> 0'
+    raise ConfigError(
+      f'model.{key}={value!r}: must be a number {bound} (1: {meaning}).'
+    )
+  if value != 1.0 and m.mixer not in mixers:
+    raise ConfigError(
+      f'model.{key}={value!r} applies to {which} {mixers}, not '
+      f'model.mixer={m.mixer!r}; set it to 1.'
+    )
+  return value
+
+
 def _model_options(m) -> dict:
   """Checked SSMMixer options (model.init, magnitude_init, dict_init).
 
@@ -141,21 +158,10 @@ def _model_options(m) -> dict:
       f'{_MAGNITUDE_MIXERS} (a complex D_t), not model.mixer={m.mixer!r}; '
       'set model.phase_init=0.'
     )
-  in_scale = m.get('input_init_scale', 1.0)
-  if (
-    isinstance(in_scale, bool)
-    or not isinstance(in_scale, (int, float))
-    or in_scale < 0
-  ):
-    raise ConfigError(
-      f'model.input_init_scale={in_scale!r}: must be a number >= 0 (1: the '
-      'default init of B).'
-    )
-  if in_scale != 1.0 and m.mixer not in _MAGNITUDE_MIXERS:
-    raise ConfigError(
-      f'model.input_init_scale={in_scale!r} applies to the mixers '
-      f'{_MAGNITUDE_MIXERS}, not model.mixer={m.mixer!r}; set it to 1.'
-    )
+  in_scale = _init_scale(
+    m, 'input_init_scale', _MAGNITUDE_MIXERS, 'the mixers', zero_ok=True,
+    meaning='the default init of B',
+  )  # fmt: skip
   dict_init = m.get('dict_init', '')
   if dict_init and dict_init not in ssm.DICT_INITS:
     raise ConfigError(
@@ -172,21 +178,10 @@ def _model_options(m) -> dict:
       f"model.dict_init='permutation' needs model.num_dict <= "
       f'model.state_size, got {m.num_dict} > {m.state_size}; lower num_dict.'
     )
-  dict_scale = m.get('dict_init_scale', 1.0)
-  if (
-    isinstance(dict_scale, bool)
-    or not isinstance(dict_scale, (int, float))
-    or dict_scale <= 0
-  ):
-    raise ConfigError(
-      f'model.dict_init_scale={dict_scale!r}: must be a number > 0 (1: the '
-      'init of the PD-SSM dictionary unscaled).'
-    )
-  if dict_scale != 1.0 and m.mixer not in _PDSSM_MIXERS:
-    raise ConfigError(
-      f'model.dict_init_scale={dict_scale!r} applies to the PD-SSM mixers '
-      f'{_PDSSM_MIXERS}, not model.mixer={m.mixer!r}; set it to 1.'
-    )
+  dict_scale = _init_scale(
+    m, 'dict_init_scale', _PDSSM_MIXERS, 'the PD-SSM mixers', zero_ok=False,
+    meaning='the init of the PD-SSM dictionary unscaled',
+  )  # fmt: skip
   out = {}
   if dict_scale != 1.0:
     out['dict_init_scale'] = float(dict_scale)

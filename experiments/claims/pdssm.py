@@ -77,6 +77,35 @@ def _row(id_, model, label, task, paper_mean, paper_sd, preset, fraction):
   )
 
 
+def _group_claim(id_, task, table, solves, *, cost_minutes, pending=''):
+  """A group word problem the groups preset must solve on every seed."""
+  return Claim(
+    id=id_,
+    family='state tracking',
+    paper=_PAPER,
+    arxiv=_ARXIV,
+    table=f'group word problems ({table})',
+    statement=f'{solves}: >= 99% at test lengths 40-256 after training on '
+    '3-40, on every seed, within ~15 minutes of 2-core CPU per run.',
+    paper_value='100% on (G, k) automata',
+    metric='test accuracy %',
+    protocol=TARGET,
+    rule=Threshold('pdssm', 99.0, '>='),
+    arms=(
+      Arm(
+        'pdssm',
+        f'{_ST}:pdssm,{task},groups',
+        smoke_config=f'{_ST}:pdssm,{task},smoke',
+      ),
+    ),
+    metric_key='test_accuracy',
+    metric_scale=100.0,
+    command=f'{_REPRO} {id_}',
+    cost_minutes=cost_minutes,
+    pending=pending,
+  )
+
+
 CLAIMS = (
   _solves('parity', 'parity', '99.9 +- 0.1'),
   _solves('even_pairs', 'even pairs', '99.7 +- 0.3'),
@@ -238,85 +267,32 @@ CLAIMS = (
     command=f'{_REPRO} pdssm-s3-two-generators',
     cost_minutes=20,
   ),
-  Claim(
-    id='pdssm-s3-all-six',
-    family='state tracking',
-    paper=_PAPER,
-    arxiv=_ARXIV,
-    table='group word problems (S3 with all six elements)',
-    statement='One PD-SSM layer with the groups preset (N = |G| = 6, '
-    'relaxed permutations annealed to the hardmax layer) solves S3 given by '
-    'all six elements: >= 99% at test lengths 40-256 after training on '
-    '3-40, on every seed, within ~15 minutes of 2-core CPU per run.',
-    paper_value='100% on (G, k) automata',
-    metric='test accuracy %',
-    protocol=TARGET,
-    rule=Threshold('pdssm', 99.0, '>='),
-    arms=(
-      Arm(
-        'pdssm',
-        f'{_ST}:pdssm,s3,groups',
-        smoke_config=f'{_ST}:pdssm,s3,smoke',
-      ),
-    ),
-    metric_key='test_accuracy',
-    metric_scale=100.0,
-    command=f'{_REPRO} pdssm-s3-all-six',
+  _group_claim(
+    'pdssm-s3-all-six',
+    's3',
+    'S3 with all six elements',
+    'One PD-SSM layer with the groups preset (N = |G| = 6, relaxed '
+    'permutations annealed to the hardmax layer) solves S3 given by all six '
+    'elements',
     cost_minutes=25,
   ),
-  Claim(
-    id='pdssm-a4-all-twelve',
-    family='state tracking',
-    paper=_PAPER,
-    arxiv=_ARXIV,
-    table='group word problems (A4 with all twelve elements)',
-    statement='One PD-SSM layer with the groups preset (N = |G| = 12) '
-    'solves A4 given by all twelve elements: >= 99% at test lengths 40-256 '
-    'after training on 3-40, on every seed, within ~15 minutes of 2-core '
-    'CPU per run.',
-    paper_value='100% on (G, k) automata',
-    metric='test accuracy %',
-    protocol=TARGET,
-    rule=Threshold('pdssm', 99.0, '>='),
-    arms=(
-      Arm(
-        'pdssm',
-        f'{_ST}:pdssm,a4,groups',
-        smoke_config=f'{_ST}:pdssm,a4,smoke',
-      ),
-    ),
-    metric_key='test_accuracy',
-    metric_scale=100.0,
-    command=f'{_REPRO} pdssm-a4-all-twelve',
+  _group_claim(
+    'pdssm-a4-all-twelve',
+    'a4',
+    'A4 with all twelve elements',
+    'One PD-SSM layer with the groups preset (N = |G| = 12) solves A4 given '
+    'by all twelve elements',
     cost_minutes=35,
     pending='not yet solved: seed 0 of the groups preset stays at chance '
     '(8.2% test, 2026-12-05; train words fitted to 30%), so the three-seed '
     'record waits for a preset that solves it',
   ),
-  Claim(
-    id='pdssm-a4-two-generators',
-    family='state tracking',
-    paper=_PAPER,
-    arxiv=_ARXIV,
-    table='group word problems (A4 given by two generators)',
-    statement='One PD-SSM layer with the groups preset (N = |G| = 12) '
-    'solves A4 given by a 3-cycle and a double transposition: >= 99% at '
-    'test lengths 40-256 after training on 3-40, on every seed, within ~15 '
-    'minutes of 2-core CPU per run.',
-    paper_value='100% on (G, k) automata',
-    metric='test accuracy %',
-    protocol=TARGET,
-    rule=Threshold('pdssm', 99.0, '>='),
-    arms=(
-      Arm(
-        'pdssm',
-        f'{_ST}:pdssm,a4_gen,groups',
-        smoke_config=f'{_ST}:pdssm,a4_gen,smoke',
-      ),
-    ),
-    metric_key='test_accuracy',
-    metric_scale=100.0,
-    command=f'{_REPRO} pdssm-a4-two-generators',
+  _group_claim(
+    'pdssm-a4-two-generators',
+    'a4_gen',
+    'A4 given by two generators',
+    'One PD-SSM layer with the groups preset (N = |G| = 12) solves A4 given '
+    'by a 3-cycle and a double transposition',
     cost_minutes=35,
   ),
   Claim(
