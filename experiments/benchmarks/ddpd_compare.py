@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import sys
@@ -42,6 +41,7 @@ import time
 import numpy as np
 
 from experiments import frontier
+from experiments.benchmarks import seed_results
 
 BASELINES = {
   'ancestral': ('ancestral', {'use_cache': False}),
@@ -118,13 +118,12 @@ def measure_planner(planner_dir: str, args) -> dict:
   settings['arms'] = {
     str(t): [[a, n, p] for a, n, p, _ in _arms_at(t)] for t in args.steps
   }
-  saved = os.path.join(args.out, f's{seed}', 'result.json')
-  if os.path.exists(saved):
-    with open(saved) as f:
-      old = json.load(f)
-    if old.get('settings') == settings and old.get('planner') == planner_dir:
-      print(f'reusing {saved}', flush=True)
-      return old
+  saved = seed_results.path(args.out, seed)
+  old = seed_results.load_matching(
+    saved, settings=settings, planner=planner_dir
+  )
+  if old is not None:
+    return old
   denoiser = load_run(args.denoiser)
   if planner.data.tokenizer != denoiser.data.tokenizer:
     raise ValueError(
@@ -176,9 +175,7 @@ def measure_planner(planner_dir: str, args) -> dict:
     'seconds': time.perf_counter() - t0,
     'settings': settings,
   }
-  os.makedirs(os.path.dirname(saved), exist_ok=True)
-  with open(saved, 'w') as f:
-    json.dump(result, f, indent=1)
+  seed_results.save(saved, result)
   return result
 
 

@@ -49,6 +49,7 @@ import time
 import numpy as np
 
 from experiments import frontier
+from experiments.benchmarks import seed_results
 
 THRESHOLD = 0.9
 BLOCK = 32  # Fast-dLLM's block length.
@@ -189,13 +190,10 @@ def measure_workdir(workdir: str, args) -> dict:
   """
   seed = _seed_of(workdir)
   settings = {k: getattr(args, k) for k in SETTINGS}
-  saved = os.path.join(args.out, f's{seed}', 'result.json')
-  if os.path.exists(saved):
-    with open(saved) as f:
-      old = json.load(f)
-    if old.get('settings') == settings and old.get('workdir') == workdir:
-      print(f'reusing {saved}', flush=True)
-      return old
+  saved = seed_results.path(args.out, seed)
+  old = seed_results.load_matching(saved, settings=settings, workdir=workdir)
+  if old is not None:
+    return old
   opts = frontier.Options(
     scorer=args.scorer,
     temperatures=args.temperatures,
@@ -260,8 +258,7 @@ def measure_workdir(workdir: str, args) -> dict:
     'settings': settings,
   }
   print(json.dumps(result, indent=1), flush=True)
-  with open(saved, 'w') as f:
-    json.dump(result, f, indent=1)
+  seed_results.save(saved, result)
   return result
 
 
