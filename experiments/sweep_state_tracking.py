@@ -268,7 +268,8 @@ def _task_panels(path, tasks, draw, xlabel: str, ylabel: str) -> str:
     ax.set_ylim(0, 101)
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel(ylabel)
-  axes[0][0].legend(fontsize=7)
+  if axes[0][0].get_legend_handles_labels()[0]:  # A curve with a label.
+    axes[0][0].legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
