@@ -311,11 +311,19 @@ def _evidence(claim: spec.Claim, rec: dict | None) -> list[str]:
       else:
         vals = 'summary only'
       sd = '-' if st.sd is None else f'{st.sd:.2g}'
-      ent = arm.get('entropy')
-      ent = '-' if ent is None else str(ent)
+      ent = _entropy_text(arm.get('entropy'))
       lines.append(f'| {name} | {vals} | {_num(st.mean)} +- {sd} | {ent} |')
     lines.append('')
   return lines
+
+
+def _entropy_text(entropy) -> str:
+  """An arm's recorded entropy: one number, or one per seed (3 decimals)."""
+  if entropy is None:
+    return '-'
+  if isinstance(entropy, (list, tuple)):
+    return ', '.join(f'{float(h):.3f}' for h in entropy)
+  return f'{float(entropy):.3f}'
 
 
 def main(argv=None) -> int:
