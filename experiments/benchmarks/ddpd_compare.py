@@ -188,7 +188,6 @@ def claim_records(results: list[dict], command: str, repo: str) -> list:
   from experiments.claims import records
 
   seeds = [r['seed'] for r in results]
-  date = datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')
   out = []
   for steps in results[0]['steps']:
     for baseline in BASELINES:
@@ -213,19 +212,15 @@ def claim_records(results: list[dict], command: str, repo: str) -> list:
         for name in ('ddpd', baseline)
       }
       out.append(
-        {
-          'claim': claim,
-          'source': 'python -m experiments.benchmarks.ddpd_compare',
-          'commit': records.git_commit(repo),
-          'date': date,
-          'host': records.host_info(),
-          'command': command,
-          'budget': 'cpu',
-          'budget_fraction': registry.CLAIMS[claim].budget_fraction,
-          'seed_kind': 'training',
-          'seeds': seeds,
-          'arms': {'ddpd': arm('ddpd'), baseline: arm(baseline)},
-          'notes': (
+        records.measured(
+          claim,
+          'python -m experiments.benchmarks.ddpd_compare',
+          command,
+          {'ddpd': arm('ddpd'), baseline: arm(baseline)},
+          seeds=seeds,
+          budget_fraction=registry.CLAIMS[claim].budget_fraction,
+          repo=repo,
+          notes=(
             'Training seeds of the planner; the denoiser is one MDLM run '
             'and the baseline draws with the same sampling seed as each '
             f"planner seed. AR-twin corpus gen-ppl at the validation text's "
@@ -236,7 +231,7 @@ def claim_records(results: list[dict], command: str, repo: str) -> list:
             f'NFE {nfe}; FLOPs per sample {flops}. Planner runs: '
             f'{", ".join(r["planner"] for r in results)}.'
           ),
-        }
+        )
       )
   return out
 

@@ -340,7 +340,6 @@ def claim_records(results: list[dict], command: str, repo: str) -> list:
     f'least {CACHE_FLOOR} tokens per call); meter '
     f'KL mean {kl_mean}, max {kl_max}.',
   }
-  date = datetime.datetime.now(datetime.UTC)
   fired = values(('threshold', thr, 'tokens_per_call'))
   vacuous = all(t <= 1.0 + 1e-9 for t in fired)
   out = []
@@ -356,25 +355,21 @@ def claim_records(results: list[dict], command: str, repo: str) -> list:
       )
       continue
     out.append(
-      {
-        'claim': claim,
-        'source': 'python -m experiments.benchmarks.fast_decoding',
-        'commit': records.git_commit(repo),
-        'date': date.strftime('%Y-%m-%d %H:%M UTC'),
-        'host': records.host_info(),
-        'command': command,
-        'budget': 'cpu',
-        # The models' scale over the paper's: what limits a claim about
-        # how confident a model is.
-        'budget_fraction': registry.CLAIMS[claim].budget_fraction,
-        'seed_kind': 'training',
-        'seeds': seeds,
-        'arms': {
+      records.measured(
+        claim,
+        'python -m experiments.benchmarks.fast_decoding',
+        command,
+        {
           name: {'seeds': seeds, 'values': vals}
           for name, vals in arms[claim].items()
         },
-        'notes': f'{notes[claim]} {common_notes}',
-      }
+        seeds=seeds,
+        # The models' scale over the paper's: what limits a claim about
+        # how confident a model is.
+        budget_fraction=registry.CLAIMS[claim].budget_fraction,
+        repo=repo,
+        notes=f'{notes[claim]} {common_notes}',
+      )
     )
   return out
 

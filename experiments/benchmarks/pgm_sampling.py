@@ -87,19 +87,14 @@ def measure(
 
 def record_of(claim: str, key: str, seeds, rows, command: str) -> dict:
   """The claim's record: one arm 'ratio' with a value per seed."""
-  return {
-    'claim': claim,
-    'source': 'experiments.benchmarks.pgm_sampling',
-    'commit': records.git_commit('.'),
-    'date': datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d'),
-    'host': records.host_info(),
-    'command': command,
-    'budget': 'cpu',
-    'budget_fraction': None,
-    'seed_kind': 'training',
-    'arms': {'ratio': {'seeds': list(seeds), 'values': [r[key] for r in rows]}},
-    'notes': json.dumps(rows),
-  }
+  return records.measured(
+    claim,
+    'experiments.benchmarks.pgm_sampling',
+    command,
+    {'ratio': {'seeds': list(seeds), 'values': [r[key] for r in rows]}},
+    seeds=seeds,
+    notes=json.dumps(rows),
+  )
 
 
 def main(argv=None):

@@ -18,6 +18,7 @@ verdicts are computed by the same rules as new ones.
 
 from __future__ import annotations
 
+import datetime
 import glob
 import json
 import os
@@ -55,6 +56,35 @@ def validate(record: dict[str, Any]) -> None:
         f'record {record["claim"]}: arm {name} has {len(values)} values for '
         f'{len(seeds)} seeds'
       )
+
+
+def measured(
+  claim: str,
+  source: str,
+  command: str,
+  arms: dict[str, Any],
+  *,
+  seeds,
+  notes: str = '',
+  budget_fraction: float | None = None,
+  seed_kind: str = 'training',
+  repo: str = '.',
+) -> dict[str, Any]:
+  """A benchmark's record at CPU budget: this commit, now (UTC), this host."""
+  return {
+    'claim': claim,
+    'source': source,
+    'commit': git_commit(repo),
+    'date': datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC'),
+    'host': host_info(),
+    'command': command,
+    'budget': 'cpu',
+    'budget_fraction': budget_fraction,
+    'seed_kind': seed_kind,
+    'seeds': list(seeds),
+    'arms': arms,
+    'notes': notes,
+  }
 
 
 def load_all(records_dir: str = RECORDS_DIR) -> dict[str, list[dict]]:
