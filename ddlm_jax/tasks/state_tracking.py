@@ -96,6 +96,17 @@ def loss_on(config) -> str:
   return value
 
 
+def _unit_init(value, key: str, meaning: str) -> None:
+  """model.KEY is 0 (the default init) or a number in (0, 1)."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise ConfigError(f'model.{key}={value!r}: must be a number.')
+  if value and not 0.0 < value < 1.0:
+    raise ConfigError(
+      f'model.{key}={value!r}: must be 0 (the default init) or in (0, 1), '
+      f'{meaning}.'
+    )
+
+
 def _init_scale(m, key, mixers, which, *, zero_ok, meaning) -> float:
   """model.KEY (default 1): a number (>= 0 or > 0), only for `mixers`."""
   value = m.get(key, 1.0)
@@ -126,13 +137,7 @@ def _model_options(m) -> dict:
       f"model.init={init!r}: choose '' (the mixer's default) or one of "
       f'{ssm.INITS}.'
     )
-  if isinstance(mag, bool) or not isinstance(mag, (int, float)):
-    raise ConfigError(f'model.magnitude_init={mag!r}: must be a number.')
-  if mag and not 0.0 < mag < 1.0:
-    raise ConfigError(
-      f'model.magnitude_init={mag!r}: must be 0 (the default init) or in '
-      '(0, 1), the initial |D_t|.'
-    )
+  _unit_init(mag, 'magnitude_init', 'the initial |D_t|')
   if init and m.mixer not in _SSM_MIXERS:
     raise ConfigError(
       f'model.init={init!r} applies to the SSM mixers {_SSM_MIXERS}, not '
@@ -145,13 +150,7 @@ def _model_options(m) -> dict:
       'set model.magnitude_init=0.'
     )
   phase = m.get('phase_init', 0.0)
-  if isinstance(phase, bool) or not isinstance(phase, (int, float)):
-    raise ConfigError(f'model.phase_init={phase!r}: must be a number.')
-  if phase and not 0.0 < phase < 1.0:
-    raise ConfigError(
-      f'model.phase_init={phase!r}: must be 0 (the default init) or in '
-      '(0, 1), the initial phase of D_t in turns.'
-    )
+  _unit_init(phase, 'phase_init', 'the initial phase of D_t in turns')
   if phase and m.mixer not in _MAGNITUDE_MIXERS:
     raise ConfigError(
       f'model.phase_init={phase!r} applies to the mixers '
