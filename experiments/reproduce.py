@@ -15,6 +15,15 @@ end-of-run samples (``sample.num_samples=0``): they are not part of the
 metric, and their scorer run need not exist.
 Claims checked by an exact test run that test with pytest.
 
+A sample-quality claim (``Claim.samplings``) trains its arms the same way
+(without end-of-run samples) and its scorer, the AR twin, once (seed 0);
+then for each training seed S every sampling arm draws from the seed-S
+run with sampling seed S over its temperature sweep, and its AR-twin
+gen-ppl at the validation text's unigram entropy, the entropy reached
+and the NFE are the record's arms (``benchmarks.matched_sampling``; each
+sweep is saved under RUNS_DIR/BUDGET/samples and reused). The trained
+arms' bounds go into the record's ``trained`` field.
+
 Then the metric is read from each run's summary.json, the verdict computed
 by the claim's rule, and a JSON record written to RECORDS_DIR (commit,
 date, host: CPU model and flags, jax/flax versions; seeds; this command;
@@ -37,6 +46,7 @@ import subprocess
 import sys
 import time
 
+from ddlm_jax.errors import ConfigError
 from experiments import claims as registry
 from experiments.claims import records, spec
 from experiments.claims import verdict as verdict_lib
@@ -140,6 +150,12 @@ def _finished(summary: dict | None, claim: spec.Claim) -> bool:
   return bool(summary) and read_metric(summary, claim.metric_key) is not None
 
 
+def workdir_of(
+  claim: spec.Claim, arm: spec.Arm, seed: int, budget: str, runs_dir: str
+) -> str:
+  return os.path.join(runs_dir, budget, arm_key(arm, budget, claim), f's{seed}')
+
+
 def run_arm(
   claim: spec.Claim,
   arm: spec.Arm,
@@ -149,9 +165,7 @@ def run_arm(
   log=print,
 ) -> str:
   """Trains (or reuses, or resumes) one arm's run; returns its workdir."""
-  workdir = os.path.join(
-    runs_dir, budget, arm_key(arm, budget, claim), f's{seed}'
-  )
+  workdir = workdir_of(claim, arm, seed, budget, runs_dir)
   if _finished(_summary(workdir), claim):
     log(f'  {arm.name} seed {seed}: finished, reused ({workdir})')
     return workdir
@@ -165,13 +179,11 @@ def run_arm(
   ]
   for key, value in arm.overrides_for(budget):
     cmd.append(f'--config.{key}={value}')
-  if claim.metric_key.startswith('validation.'):
+  if claim.metric_key.startswith('validation.') or claim.samplings:
     cmd.append('--config.sample.num_samples=0')
   if arm.init_from:
     parent = next(a for a in claim.arms if a.name == arm.init_from)
-    base = os.path.join(
-      runs_dir, budget, arm_key(parent, budget, claim), f's{seed}'
-    )
+    base = workdir_of(claim, parent, seed, budget, runs_dir)
     cmd.append(f'--config.train.init_from={base}')
   state = 'resuming' if os.path.isdir(workdir) else 'training'
   log(f'  {arm.name} seed {seed}: {state}: {shlex.join(cmd[1:])}')
@@ -213,6 +225,38 @@ def measure_arms(claim, seeds, budget, runs_dir, log=print) -> dict:
   return out
 
 
+def measure_samplings(claim, seeds, budget, runs_dir, log=print) -> dict:
+  """The claim's sampling arms at matched entropy, one value per seed.
+
+  Its arms are trained (``measure_arms``) and the scorer is trained here
+  (seed ``spec.SCORER_SEED``) before the first draw.
+  """
+  from experiments.benchmarks import matched_sampling
+
+  scorer_dir = run_arm(
+    claim, claim.scorer, spec.SCORER_SEED, budget, runs_dir, log
+  )
+  runs = {
+    arm.name: {
+      seed: (
+        workdir_of(claim, arm, seed, budget, runs_dir),
+        arm_key(arm, budget, claim),
+      )
+      for seed in seeds
+    }
+    for arm in claim.arms
+  }
+  return matched_sampling.measure_claim(
+    claim,
+    seeds,
+    runs,
+    (scorer_dir, os.path.relpath(scorer_dir, os.path.join(runs_dir, budget))),
+    os.path.join(runs_dir, budget, 'samples'),
+    budget=budget,
+    log=log,
+  )
+
+
 def run_exact_test(claim: spec.Claim, log=print) -> dict:
   test = claim.rule.test
   log(f'  pytest {test}')
@@ -251,6 +295,14 @@ def reproduce(
   if isinstance(claim.rule, verdict_lib.ExactTest):
     record['exact_test'] = run_exact_test(claim, log)
     record['seeds'] = []
+  elif claim.samplings:
+    from experiments.benchmarks import matched_sampling
+
+    record['trained'] = measure_arms(claim, seeds, budget, runs_dir, log)
+    got = measure_samplings(claim, seeds, budget, runs_dir, log)
+    record['arms'] = got['arms']
+    record['target_entropy_bits'] = got['target_entropy_bits']
+    record['notes'] = matched_sampling.notes(claim, got, budget)
   else:
     record['arms'] = measure_arms(claim, seeds, budget, runs_dir, log)
   # Wall time of this command (reused runs cost nothing): a cost, not a
@@ -283,7 +335,11 @@ def main(argv=None) -> int:
     except KeyError as e:
       raise UsageError(e.args[0]) from None
     seeds = parse_seeds(args.seeds, claim)
-  except UsageError as e:
+    if claim.samplings:
+      from experiments.benchmarks import matched_sampling
+
+      matched_sampling.check(claim)
+  except (UsageError, ConfigError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   exact = isinstance(claim.rule, verdict_lib.ExactTest)

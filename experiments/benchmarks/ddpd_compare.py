@@ -16,12 +16,12 @@ denoiser: the same NFE. Planner seed s draws its samples with sampling
 seed s, and the baselines draw theirs with the same seed, so the three
 arms are paired per seed.
 
-Quality is the AR twin's corpus gen-ppl at matched entropy: every arm is
-swept over --temperatures (the denoiser's draws; the planner's position
-choice keeps temperature 1), and its gen-NLL is interpolated at the
-unigram entropy of the validation text (`frontier.matched_value`).
-Where a sweep does not reach that entropy the nearest point is used and
-its entropy recorded, so the verdict can see the mismatch. FLOPs per
+Quality is the AR twin's corpus gen-ppl at matched entropy
+(`matched_sampling`): every arm is swept over --temperatures (the
+denoiser's draws; the planner's position choice keeps temperature 1),
+and its gen-NLL is interpolated at the unigram entropy of the validation
+text. Where a sweep does not reach that entropy the nearest point is
+used and its entropy recorded, so the verdict can see the mismatch. FLOPs per
 sample (both of DDPD's networks) are in the results.
 
 Per seed the result is saved as OUT/sS/result.json with its settings
@@ -38,10 +38,7 @@ import os
 import sys
 import time
 
-import numpy as np
-
-from experiments import frontier
-from experiments.benchmarks import seed_results
+from experiments.benchmarks import matched_sampling, seed_results
 
 BASELINES = {
   'ancestral': ('ancestral', {'use_cache': False}),
@@ -56,44 +53,6 @@ def baseline_steps(ddpd_steps: int) -> int:
   return 2 * (ddpd_steps + 1)
 
 
-def matched(sweep: dict, target: float) -> dict:
-  """gen-NLL and entropy at the target entropy over one temperature sweep.
-
-  `sweep` maps temperature -> {'entropy', 'gen_nll', ...} (nats). Inside
-  the swept entropy range the entropy is the target; outside, the nearest
-  point's (the value is that point's too).
-  """
-  temps = sorted(sweep)
-  entropies = [sweep[t]['entropy'] for t in temps]
-  value, _ = frontier.matched_value(
-    entropies, [sweep[t]['gen_nll'] for t in temps], target
-  )
-  entropy = float(np.clip(target, min(entropies), max(entropies)))
-  return {
-    'gen_nll': value,
-    'gen_ppl': math.exp(value),
-    'entropy_bits': entropy / math.log(2),
-  }
-
-
-def _draw(run, sampler, *, num_samples, seed, scorer, same, light_run=None):
-  """{'entropy', 'gen_nll', 'nfe', 'flops_per_sample'} of one draw."""
-  from ddlm_jax.evaluation.sample_metrics import sample_quality
-  from ddlm_jax.evaluation.sample_run import draw_samples
-
-  tokens, stats = draw_samples(
-    run, sampler, num_samples=num_samples, seed=seed, light_run=light_run
-  )
-  texts = [run.data.tokenizer.decode(r) for r in tokens]
-  quality = sample_quality(texts, tokens, scorer=scorer, same_tokenizer=same)
-  return {
-    'entropy': quality['unigram_entropy_nats'],
-    'gen_nll': math.log(quality['gen_ppl_corpus']),
-    'nfe': float(stats['nfe']),
-    'flops_per_sample': float(stats['flops_per_sample']),
-  }
-
-
 def _arms_at(steps: int):
   """[(arm, sampler name, params, uses the planner)] at DDPD's T."""
   arms = [('ddpd', 'ddpd', {'num_steps': steps, 'parallel': True}, True)]
@@ -106,9 +65,7 @@ def _arms_at(steps: int):
 
 def measure_planner(planner_dir: str, args) -> dict:
   """Every arm at every T and temperature for one planner seed."""
-  from ddlm_jax.evaluation.sample_metrics import ARScorer, sample_quality
-  from ddlm_jax.evaluation.sample_run import reference_texts
-  from ddlm_jax.sampling.registry import get_sampler
+  from ddlm_jax.evaluation.sample_metrics import ARScorer
   from ddlm_jax.tasks.language_model import load_run
 
   planner = load_run(planner_dir)
@@ -131,42 +88,25 @@ def measure_planner(planner_dir: str, args) -> dict:
       'the planner on the denoiser corpus.'
     )
   scorer = ARScorer.from_run(load_run(args.scorer))
-  same = scorer.tokenizer == denoiser.data.tokenizer
-  refs = reference_texts(denoiser, args.num_samples)
-  ref_tokens = [denoiser.data.tokenizer.encode(t) for t in refs]
-  target = sample_quality(refs, ref_tokens)['unigram_entropy_nats']
+  target = matched_sampling.target_entropy(denoiser, args.num_samples)
   t0 = time.perf_counter()
   out = {}
   for steps in args.steps:
     for arm, name, params, planned in _arms_at(steps):
-      sweep = {}
-      for temperature in args.temperatures:
-        sampler = get_sampler(name, **params, temperature=temperature)
-        sweep[temperature] = _draw(
-          planner if planned else denoiser,
-          sampler,
-          num_samples=args.num_samples,
-          seed=seed,
-          scorer=scorer,
-          same=same,
-          light_run=denoiser if planned else None,
-        )
-      row = {
-        'sweep': {str(t): v for t, v in sweep.items()},
-        'nfe': sweep[args.temperatures[0]]['nfe'],
-        'flops_per_sample': sweep[args.temperatures[0]]['flops_per_sample'],
-        **matched(sweep, target),
-      }
+      points = matched_sampling.sweep(
+        planner if planned else denoiser,
+        name,
+        params,
+        args.temperatures,
+        num_samples=args.num_samples,
+        seed=seed,
+        scorer=scorer,
+        light_run=denoiser if planned else None,
+      )
+      row = matched_sampling.row(points, target)
       out.setdefault(str(steps), {})[arm] = row
-      swept = ', '.join(
-        f'{t:g}: {v["entropy"] / math.log(2):.3f}' for t, v in sweep.items()
-      )
-      print(
-        f'seed {seed} T={steps} {arm}: NFE {row["nfe"]:.0f}, gen-ppl '
-        f'{row["gen_ppl"]:.2f} at {row["entropy_bits"]:.3f} bits (target '
-        f'{target / math.log(2):.3f}; entropy by temperature {swept})',
-        flush=True,
-      )
+      label = f'seed {seed} T={steps} {arm}'
+      print(matched_sampling.describe(label, row, target), flush=True)
   result = {
     'planner': planner_dir,
     'seed': seed,
@@ -197,11 +137,7 @@ def claim_records(results: list[dict], command: str, repo: str) -> list:
 
       def arm(name, steps=steps):
         rows = [r['steps'][steps][name] for r in results]
-        return {
-          'seeds': seeds,
-          'values': [row['gen_ppl'] for row in rows],
-          'entropy': [row['entropy_bits'] for row in rows],
-        }
+        return matched_sampling.arm_entry(rows, seeds)
 
       nfe = {
         name: results[0]['steps'][steps][name]['nfe']

@@ -9,16 +9,30 @@ billion-parameter ones, which the EB claims state as their budget.
 """
 
 from experiments.claims.spec import (
+  AR_SCORER,
   ENTROPY_TOL,
   EQUAL_NFE,
   MATCHED_ENTROPY,
   NAMED_BASELINE,
   TARGET,
   Claim,
+  Sampling,
 )
+from experiments.claims.uniform import MDLM
 from experiments.claims.verdict import Compare, Threshold
 
 _SWEEP = 'python -m experiments.sweep_samplers'
+_REPRO = 'python -m experiments.reproduce'
+# ReMDM against ancestral sampling at equal NFE: T = 128 network calls
+# each (ancestral without its skip-idle-steps cache, so every step calls).
+_REMDM_STEPS = 128
+_ANCESTRAL_128 = Sampling(
+  'ancestral',
+  'mdlm',
+  'ancestral',
+  (('num_steps', _REMDM_STEPS), ('use_cache', False)),
+  num_samples=64,
+)
 # Fast-dLLM's figures, one command for the four claims (3 training seeds of
 # the long BPE quickstart, after its AR twin ar_quickstart_bpe.py:long).
 _FAST = (
@@ -97,12 +111,20 @@ CLAIMS = (
     metric='AR-twin gen-ppl',
     protocol=MATCHED_ENTROPY,
     rule=Compare('remdm', 'ancestral', 'lower', entropy_tol=ENTROPY_TOL),
-    command=(
-      f'{_SWEEP} --workdir=runs/mdlm_quickstart --scorer=runs/ar_quickstart'
-      ' --num_samples=32 --steps=128 --seeds=0,1,2 '
-      "--samplers='ancestral:use_cache=False;remdm:eta=0.04'"
+    arms=(MDLM,),
+    samplings=(
+      Sampling(
+        'remdm',
+        'mdlm',
+        'remdm',
+        (('num_steps', _REMDM_STEPS), ('eta', 0.04), ('strategy', 'cap')),
+        num_samples=64,
+      ),
+      _ANCESTRAL_128,
     ),
-    cost_minutes=20,
+    scorer=AR_SCORER,
+    command=f'{_REPRO} remdm-capped-beats-ancestral',
+    cost_minutes=45,
   ),
   Claim(
     id='remdm-loop-beats-ancestral',
@@ -116,12 +138,25 @@ CLAIMS = (
     metric='AR-twin gen-ppl',
     protocol=MATCHED_ENTROPY,
     rule=Compare('loop', 'ancestral', 'lower', entropy_tol=ENTROPY_TOL),
-    command=(
-      f'{_SWEEP} --workdir=runs/mdlm_quickstart --scorer=runs/ar_quickstart'
-      ' --num_samples=32 --steps=128 --seeds=0,1,2 '
-      "--samplers='ancestral:use_cache=False;remdm:eta=0.02,strategy=loop'"
+    arms=(MDLM,),
+    samplings=(
+      Sampling(
+        'loop',
+        'mdlm',
+        'remdm',
+        (
+          ('num_steps', _REMDM_STEPS),
+          ('eta', 0.02),
+          ('strategy', 'loop'),
+          ('alpha_on', 0.9),
+        ),
+        num_samples=64,
+      ),
+      _ANCESTRAL_128,
     ),
-    cost_minutes=20,
+    scorer=AR_SCORER,
+    command=f'{_REPRO} remdm-loop-beats-ancestral',
+    cost_minutes=45,
   ),
   Claim(
     id='scheduling-middle-most-sensitive',

@@ -83,6 +83,63 @@ class Arm:
     return f'{self.config}{sep}smoke'
 
 
+# The temperature sweep of a matched-entropy claim. The quickstart models'
+# ancestral samples cross the validation text's unigram entropy (4.40
+# bits) between 0.9 and 1.0; the ends leave room for samplers that sharpen
+# (ReMDM, greedy tails) or flatten their output.
+TEMPERATURES = (0.8, 0.9, 1.0, 1.15, 1.3)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """One sample-quality arm: a registered sampler drawing from a trained arm.
+
+  For training seed S the sampler draws ``num_samples`` from the seed-S
+  run of the claim's arm ``arm``, with sampling seed S, once per
+  temperature of ``temperatures``: the sweep over which its gen-NLL is
+  read at the validation text's unigram entropy (``MATCHED_ENTROPY``).
+  ``params`` are the sampler's parameters (``num_steps`` among them); the
+  temperature is the sweep's, never a parameter.
+  """
+
+  name: str
+  arm: str
+  sampler: str
+  params: tuple[tuple[str, Any], ...] = ()
+  temperatures: tuple[float, ...] = TEMPERATURES
+  num_samples: int = 32
+
+  def __post_init__(self):
+    temps = self.temperatures
+    if len(temps) < 2 or min(temps) <= 0 or len(set(temps)) != len(temps):
+      raise ValueError(
+        f'sampling {self.name}: temperatures {temps} must be at least two '
+        'distinct positive values to interpolate over, e.g. (0.9, 1.0, 1.15)'
+      )
+    if self.num_samples < 2:
+      raise ValueError(
+        f'sampling {self.name}: num_samples={self.num_samples}; give at '
+        'least 2 (32-64 for a claim)'
+      )
+    if 'temperature' in dict(self.params):
+      raise ValueError(
+        f'sampling {self.name}: temperature is swept; drop it from params '
+        'and set temperatures instead'
+      )
+
+  def spec(self) -> str:
+    """The sampler as a command-line spec, 'name:key=value,...'."""
+    items = ','.join(f'{k}={v}' for k, v in self.params)
+    return f'{self.sampler}:{items}' if items else self.sampler
+
+
+# The scorer of sample-quality claims: the quickstart's autoregressive twin
+# (the arm of ar-below-mdlm, so its runs are shared). One run, seed 0, is
+# the instrument every sampling arm is measured with.
+AR_SCORER = Arm('ar', 'experiments/configs/ar_quickstart.py')
+SCORER_SEED = 0
+
+
 @dataclasses.dataclass(frozen=True)
 class Claim:
   """One paper claim and how this suite checks it.
@@ -100,6 +157,10 @@ class Claim:
     rule: a rule of ``verdict`` that turns a record into a verdict.
     arms: the runs ``experiments.reproduce`` trains (empty: the claim is
       measured by the command below, not by ``experiments.run`` arms).
+    samplings: sample-quality arms drawn from the trained ``arms`` (the
+      record's arms are then these, at matched entropy, not the bounds).
+    scorer: the AR run that scores the samplings (trained once, seed
+      ``SCORER_SEED``); required with samplings.
     metric_key: dotted key of the metric in each run's summary.json.
     metric_scale: factor from the summary's value to the metric's unit.
     seeds: the seeds a full reproduction runs.
@@ -129,6 +190,8 @@ class Claim:
   protocol: str
   rule: Any
   arms: tuple[Arm, ...] = ()
+  samplings: tuple[Sampling, ...] = ()
+  scorer: Arm | None = None
   metric_key: str = 'validation.bits_per_token'
   metric_scale: float = 1.0
   seeds: tuple[int, ...] = (0, 1, 2)
@@ -154,6 +217,26 @@ class Claim:
           f'claim {self.id}: arm {arm.name} starts from unknown arm '
           f'{arm.init_from!r}'
         )
+    if not self.samplings:
+      return
+    draws = [s.name for s in self.samplings]
+    if len(set(draws)) != len(draws):
+      raise ValueError(f'claim {self.id}: sampling names repeat: {draws}')
+    for s in self.samplings:
+      if s.arm not in names:
+        raise ValueError(
+          f'claim {self.id}: sampling {s.name} draws from unknown arm '
+          f'{s.arm!r}; name one of {names}'
+        )
+    if self.scorer is None:
+      raise ValueError(
+        f'claim {self.id}: samplings need a scorer arm (spec.AR_SCORER)'
+      )
+    if not self.metric_key.startswith('validation.'):
+      raise ValueError(
+        f'claim {self.id}: with samplings the trained arms are checked by '
+        f'their validation numbers, not {self.metric_key!r}'
+      )
 
 
 # Sample entropies (bits) closer than this count as matched: at this

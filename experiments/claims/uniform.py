@@ -7,6 +7,7 @@ the bound comparisons are at equal steps and equal training FLOPs.
 """
 
 from experiments.claims.spec import (
+  AR_SCORER,
   ENTROPY_TOL,
   EQUAL_FLOPS,
   EQUAL_STEPS,
@@ -14,16 +15,33 @@ from experiments.claims.spec import (
   TARGET,
   Arm,
   Claim,
+  Sampling,
   recipe,
 )
 from experiments.claims.verdict import Compare, Threshold
 
 _REPRO = 'python -m experiments.reproduce'
 _SWEEP = 'python -m experiments.sweep_samplers'
-_MDLM = Arm('mdlm', 'experiments/configs/mdlm_quickstart.py')
-_UDLM = Arm('udlm', 'experiments/configs/duo_quickstart.py')
+# The masked and uniform quickstart arms; the sampler claims draw from the
+# same runs (same arm, same directory).
+MDLM = Arm('mdlm', 'experiments/configs/mdlm_quickstart.py')
+UDLM = Arm('udlm', 'experiments/configs/duo_quickstart.py')
 _DUO = Arm('duo', 'experiments/configs/duo_quickstart.py:curriculum')
 _PSI = 'psi:kappa=max_capped_eta,eta=0.01,greedy_tail=True'
+_PSI_PARAMS = (
+  ('kappa', 'max_capped_eta'),
+  ('eta', 0.01),
+  ('greedy_tail', True),
+)
+
+
+def _uniform(name: str, steps: int, *extra, num_samples: int = 32):
+  """Duo's uniform ancestral sampler (greedy tail) on the UDLM runs."""
+  params = (('num_steps', steps), ('greedy_tail', True), *extra)
+  return Sampling(
+    name, 'udlm', 'uniform_ancestral', params, num_samples=num_samples
+  )
+
 
 CLAIMS = (
   Claim(
@@ -38,7 +56,7 @@ CLAIMS = (
     metric='validation bound, bits/char',
     protocol=EQUAL_FLOPS,
     rule=Compare('mdlm', 'udlm', 'lower'),
-    arms=(_MDLM, _UDLM),
+    arms=(MDLM, UDLM),
     command=f'{_REPRO} masked-beats-uniform-bound',
     bound='full',
     cost_minutes=60,
@@ -55,7 +73,7 @@ CLAIMS = (
     metric='validation bound, bits/char',
     protocol=EQUAL_STEPS,
     rule=Compare('duo', 'udlm', 'lower'),
-    arms=(_DUO, _UDLM),
+    arms=(_DUO, UDLM),
     command=f'{_REPRO} duo-curriculum-beats-udlm',
     bound='full',
     cost_minutes=60,
@@ -72,7 +90,7 @@ CLAIMS = (
     metric='validation bound, bits/char',
     protocol=EQUAL_STEPS,
     rule=Compare('duo', 'mdlm', 'lower'),
-    arms=(_DUO, _MDLM),
+    arms=(_DUO, MDLM),
     command=f'{_REPRO} duo-curriculum-vs-masked',
     bound='full',
     cost_minutes=60,
@@ -89,12 +107,20 @@ CLAIMS = (
     metric='AR-twin gen-ppl, T = 4',
     protocol=MATCHED_ENTROPY,
     rule=Compare('udlm', 'mdlm', 'lower', entropy_tol=ENTROPY_TOL),
-    command=(
-      f'{_SWEEP} --workdir=runs/udlm_sS --scorer=runs/ar_quickstart '
-      "--num_samples=32 --samplers='uniform_ancestral:greedy_tail=True' "
-      '--steps=4 (and ancestral on runs/mdlm_sS), S = 0, 1, 2'
+    arms=(MDLM, UDLM),
+    samplings=(
+      _uniform('udlm', 4, num_samples=64),
+      Sampling(
+        'mdlm',
+        'mdlm',
+        'ancestral',
+        (('num_steps', 4), ('use_cache', False)),
+        num_samples=64,
+      ),
     ),
-    cost_minutes=90,
+    scorer=AR_SCORER,
+    command=f'{_REPRO} uniform-wins-few-steps',
+    cost_minutes=15,
   ),
   Claim(
     id='psi-keeps-improving',
@@ -125,11 +151,13 @@ CLAIMS = (
     metric='AR-twin gen-ppl, T = 256',
     protocol=MATCHED_ENTROPY,
     rule=Compare('psi', 'ancestral', 'lower', entropy_tol=ENTROPY_TOL),
-    command=(
-      f'{_SWEEP} --workdir=runs/udlm_sS --scorer=runs/ar_quickstart '
-      f"--num_samples=32 --samplers='uniform_ancestral:greedy_tail=True;"
-      f"{_PSI}' --steps=256, S = 0, 1, 2"
+    arms=(UDLM,),
+    samplings=(
+      Sampling('psi', 'udlm', 'psi', (('num_steps', 256), *_PSI_PARAMS)),
+      _uniform('ancestral', 256),
     ),
+    scorer=AR_SCORER,
+    command=f'{_REPRO} psi-beats-ancestral',
     cost_minutes=90,
   ),
   Claim(
@@ -144,13 +172,14 @@ CLAIMS = (
     metric='AR-twin gen-ppl, T = 256',
     protocol=MATCHED_ENTROPY,
     rule=Compare('exact', 'plugin', 'lower', entropy_tol=ENTROPY_TOL),
-    command=(
-      f'{_SWEEP} --workdir=runs/udlm_sS --scorer=runs/ar_quickstart '
-      "--num_samples=32 --samplers='uniform_ancestral:greedy_tail=True;"
-      "uniform_ancestral:greedy_tail=True,tail=plugin' --steps=256, S = 0, "
-      '1, 2'
+    arms=(UDLM,),
+    samplings=(
+      _uniform('exact', 256),
+      _uniform('plugin', 256, ('tail', 'plugin')),
     ),
-    cost_minutes=60,
+    scorer=AR_SCORER,
+    command=f'{_REPRO} loo-conversion',
+    cost_minutes=90,
   ),
   Claim(
     id='simple-ce-beats-nelbo',

@@ -1,0 +1,297 @@
+"""Sample quality at matched entropy: an arm's temperature sweep, scored by
+an AR twin and read at the unigram entropy of the validation text.
+
+Lower sample entropy alone lowers generative perplexity, so two samplers
+are compared where their samples have the entropy of real text: each is
+drawn at every temperature of a sweep, and its corpus gen-NLL is
+interpolated in entropy at that target (`frontier.matched_value`). Where
+a sweep does not reach the target the nearest point is used and its
+entropy recorded, so a verdict (`Compare(..., entropy_tol=...)`) sees
+the mismatch instead of a target that was never reached.
+
+The pieces (`target_entropy`, `draw`, `sweep`, `matched`, `row`) serve
+`experiments.benchmarks.ddpd_compare` and `experiments.reproduce`, whose
+claims with `spec.Sampling` arms are measured by `measure_claim`: per
+training seed S every sampling arm draws from the seed-S run with
+sampling seed S, and each (arm, seed) sweep is saved under OUT (see
+`seed_results`) and reused by a later identical call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+
+import numpy as np
+
+from experiments import frontier
+from experiments.benchmarks import seed_results
+
+# Validation windows whose unigram entropy is a claim's target (the DDPD
+# comparison's 64 samples gave 4.401 bits on the quickstart corpus).
+TARGET_WINDOWS = 64
+# The smoke budget tests the machinery: few samples, the sweep's two ends.
+SMOKE_SAMPLES = 4
+
+
+def target_entropy(run, windows: int = TARGET_WINDOWS) -> float:
+  """Unigram entropy (nats) of `windows` validation windows of `run`."""
+  from ddlm_jax.evaluation.sample_metrics import sample_quality
+  from ddlm_jax.evaluation.sample_run import reference_texts
+
+  refs = reference_texts(run, windows)
+  tokens = [run.data.tokenizer.encode(t) for t in refs]
+  return sample_quality(refs, tokens)['unigram_entropy_nats']
+
+
+def draw(run, sampler, *, num_samples, seed, scorer, same, light_run=None):
+  """{'entropy', 'gen_nll', 'nfe', 'flops_per_sample'} of one draw (nats)."""
+  from ddlm_jax.evaluation.sample_metrics import sample_quality
+  from ddlm_jax.evaluation.sample_run import draw_samples
+
+  tokens, stats = draw_samples(
+    run, sampler, num_samples=num_samples, seed=seed, light_run=light_run
+  )
+  texts = [run.data.tokenizer.decode(r) for r in tokens]
+  quality = sample_quality(texts, tokens, scorer=scorer, same_tokenizer=same)
+  return {
+    'entropy': quality['unigram_entropy_nats'],
+    'gen_nll': math.log(quality['gen_ppl_corpus']),
+    'nfe': float(stats['nfe']),
+    'flops_per_sample': float(stats['flops_per_sample']),
+  }
+
+
+def sweep(
+  run,
+  name: str,
+  params: dict,
+  temperatures,
+  *,
+  num_samples: int,
+  seed: int,
+  scorer,
+  light_run=None,
+) -> dict:
+  """{temperature: draw} of sampler `name` with `params` over a sweep."""
+  from ddlm_jax.sampling.registry import get_sampler
+
+  same = scorer.tokenizer == run.data.tokenizer
+  out = {}
+  for temperature in temperatures:
+    sampler = get_sampler(name, **params, temperature=temperature)
+    out[float(temperature)] = draw(
+      run,
+      sampler,
+      num_samples=num_samples,
+      seed=seed,
+      scorer=scorer,
+      same=same,
+      light_run=light_run,
+    )
+  return out
+
+
+def matched(points: dict, target: float) -> dict:
+  """gen-NLL and entropy at the target entropy over one temperature sweep.
+
+  `points` maps temperature -> {'entropy', 'gen_nll', ...} (nats). Inside
+  the swept entropy range the entropy is the target; outside, the nearest
+  point's (the value is that point's too).
+  """
+  temps = sorted(points, key=float)
+  entropies = [points[t]['entropy'] for t in temps]
+  value, _ = frontier.matched_value(
+    entropies, [points[t]['gen_nll'] for t in temps], target
+  )
+  entropy = float(np.clip(target, min(entropies), max(entropies)))
+  return {
+    'gen_nll': value,
+    'gen_ppl': math.exp(value),
+    'entropy_bits': entropy / math.log(2),
+  }
+
+
+def row(points: dict, target: float) -> dict:
+  """A sweep with its NFE, FLOPs and matched values (one arm, one seed)."""
+  first = points[next(iter(points))]
+  return {
+    'sweep': {str(t): v for t, v in points.items()},
+    'nfe': first['nfe'],
+    'flops_per_sample': first['flops_per_sample'],
+    **matched(points, target),
+  }
+
+
+def describe(label: str, result: dict, target: float) -> str:
+  """One progress line: NFE, matched gen-ppl and the entropy per temperature."""
+  swept = ', '.join(
+    f'{t}: {v["entropy"] / math.log(2):.3f}' for t, v in result['sweep'].items()
+  )
+  return (
+    f'{label}: NFE {result["nfe"]:.0f}, gen-ppl {result["gen_ppl"]:.2f} at '
+    f'{result["entropy_bits"]:.3f} bits (target {target / math.log(2):.3f}; '
+    f'entropy by temperature {swept})'
+  )
+
+
+# --------------------------------------------- claims with Sampling arms --
+
+
+def settings_of(sampling, budget: str) -> dict:
+  """What a sampling arm draws with at a budget (smoke: fewer, two ends)."""
+  temps = [float(t) for t in sampling.temperatures]
+  num = sampling.num_samples
+  if budget == 'smoke':
+    temps = [min(temps), max(temps)]
+    num = min(num, SMOKE_SAMPLES)
+  return {
+    'sampler': sampling.sampler,
+    'params': dict(sampling.params),
+    'temperatures': temps,
+    'num_samples': num,
+  }
+
+
+def check(claim) -> None:
+  """Refuses a claim whose samplers would fail, before anything trains.
+
+  Every sampling arm's sampler must be registered and accept its params
+  and a temperature (the sweep's); raises ConfigError naming the arm.
+  """
+  from ddlm_jax.errors import ConfigError
+  from ddlm_jax.sampling.registry import get_sampler
+
+  for sampling in claim.samplings:
+    try:
+      get_sampler(
+        sampling.sampler,
+        **dict(sampling.params),
+        temperature=float(sampling.temperatures[0]),
+      )
+    except (ValueError, TypeError) as e:
+      raise ConfigError(
+        f'claim {claim.id}, sampling {sampling.name} ({sampling.spec()}): {e}'
+      ) from None
+
+
+def result_dir(out: str, arm_key: str, settings: dict) -> str:
+  """OUT/ARM_KEY.SAMPLER-HASH: one sweep's results, shared by claims."""
+  blob = json.dumps(settings, sort_keys=True)
+  digest = hashlib.sha1(blob.encode()).hexdigest()[:8]
+  return os.path.join(out, f'{arm_key}.{settings["sampler"]}-{digest}')
+
+
+def arm_entry(rows: list[dict], seeds) -> dict:
+  """A record's arm: gen-ppl at matched entropy, the entropy (bits) it was
+  read at and the NFE, one per training seed."""
+  return {
+    'seeds': list(seeds),
+    'values': [r['gen_ppl'] for r in rows],
+    'entropy': [r['entropy_bits'] for r in rows],
+    'nfe': [r['nfe'] for r in rows],
+  }
+
+
+def measure_claim(
+  claim,
+  seeds,
+  runs: dict,
+  scorer_run: tuple[str, str],
+  out: str,
+  *,
+  budget: str,
+  log=print,
+) -> dict:
+  """Every sampling arm of `claim` on every training seed.
+
+  Args:
+    runs: {trained arm name: {seed: (workdir, arm key)}}; the key names
+      the run in the saved results (so the runs directory may move).
+    scorer_run: (workdir, key) of the AR scorer's run.
+    out: where each (sampling arm, seed) sweep is saved and reused.
+
+  Returns {'arms': {sampling name: record arm}, 'target_entropy_bits':
+  [per seed], 'rows': {sampling name: [per-seed rows]}}. The target of
+  seed S is the validation entropy of the first sampling arm's run.
+  """
+  from ddlm_jax.evaluation.sample_metrics import ARScorer
+  from ddlm_jax.tasks.language_model import load_run
+
+  loaded: dict[str, object] = {}
+
+  def load(workdir):
+    if workdir not in loaded:
+      loaded[workdir] = load_run(workdir)
+    return loaded[workdir]
+
+  scorer = []  # Loaded on the first sweep that is not saved.
+  rows: dict[str, list[dict]] = {s.name: [] for s in claim.samplings}
+  targets = []
+  for seed in seeds:
+    target = None
+    for sampling in claim.samplings:
+      workdir, key = runs[sampling.arm][seed]
+      settings = settings_of(sampling, budget)
+      file = seed_results.path(result_dir(out, key, settings), seed)
+      fields = {
+        'settings': settings,
+        'run': f'{key}/s{seed}',
+        'scorer': scorer_run[1],
+      }
+      saved = seed_results.load_matching(file, **fields)
+      if saved is None:
+        run = load(workdir)
+        if not scorer:
+          scorer.append(ARScorer.from_run(load(scorer_run[0])))
+        t0 = time.perf_counter()
+        points = sweep(
+          run,
+          settings['sampler'],
+          settings['params'],
+          settings['temperatures'],
+          num_samples=settings['num_samples'],
+          seed=seed,
+          scorer=scorer[0],
+        )
+        saved = {
+          **fields,
+          'seed': seed,
+          'target_entropy_nats': target_entropy(run),
+          'sweep': {str(t): v for t, v in points.items()},
+          'seconds': time.perf_counter() - t0,
+        }
+        seed_results.save(file, saved)
+      if target is None:
+        target = saved['target_entropy_nats']
+      points = {float(t): v for t, v in saved['sweep'].items()}
+      result = row(points, target)
+      rows[sampling.name].append(result)
+      log('  ' + describe(f'{sampling.name} seed {seed}', result, target))
+    targets.append(target / math.log(2))
+  return {
+    'arms': {name: arm_entry(r, seeds) for name, r in rows.items()},
+    'target_entropy_bits': targets,
+    'rows': rows,
+  }
+
+
+def notes(claim, measured: dict, budget: str) -> str:
+  """The record's notes: protocol, target, sweep and each arm's sampler."""
+  arms = '; '.join(
+    f'{s.name}: {s.spec()} on {s.arm}, NFE '
+    f'{measured["arms"][s.name]["nfe"][0]:g}'
+    for s in claim.samplings
+  )
+  first = settings_of(claim.samplings[0], budget)
+  targets = ', '.join(f'{h:.3f}' for h in measured['target_entropy_bits'])
+  return (
+    'Training seed S samples its own runs with sampling seed S; AR-twin '
+    "corpus gen-ppl at the validation text's unigram entropy "
+    f'({targets} bits by seed), interpolated over temperatures '
+    f'{first["temperatures"]}, {first["num_samples"]} samples per point '
+    f'(the scorer is one AR run, seed 0). Arms: {arms}.'
+  )
