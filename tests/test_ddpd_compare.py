@@ -6,7 +6,7 @@ import math
 import pytest
 
 from experiments import claims as registry
-from experiments.benchmarks import ddpd_compare, matched_sampling
+from experiments.benchmarks import ddpd_compare
 from experiments.claims import records
 from experiments.claims import verdict as verdict_lib
 
@@ -20,22 +20,6 @@ def test_equal_nfe_counts_both_networks_and_the_final_pass():
   assert arms[0] == ('ddpd', 'ddpd', {'num_steps': 32, 'parallel': True}, True)
   ancestral = {'use_cache': False, 'num_steps': 66}
   assert ('ancestral', 'ancestral', ancestral, False) in arms
-
-
-def test_matched_interpolates_inside_the_sweep_and_clips_outside():
-  sweep = {
-    1.0: {'entropy': 3.0, 'gen_nll': 3.5},
-    1.2: {'entropy': 3.2, 'gen_nll': 3.9},
-  }
-  inside = matched_sampling.matched(sweep, 3.1)
-  assert inside['gen_nll'] == pytest.approx(3.7)
-  assert inside['gen_ppl'] == pytest.approx(math.exp(3.7))
-  assert inside['entropy_bits'] == pytest.approx(3.1 / LN2)
-  # Beyond the sweep: the nearest point, whose entropy is recorded (so a
-  # verdict sees the mismatch instead of a target that was never reached).
-  above = matched_sampling.matched(sweep, 3.5)
-  assert above['gen_nll'] == pytest.approx(3.9)
-  assert above['entropy_bits'] == pytest.approx(3.2 / LN2)
 
 
 def _result(seed, ddpd_ppl, base_ppl, ddpd_h=3.1, base_h=3.1):

@@ -1,0 +1,235 @@
+"""Sample-quality claims at matched entropy: the interpolation, the record
+arms it builds and their verdicts, spec checks, saved sweeps, and the smoke
+budget of one claim end to end through `experiments.reproduce`."""
+
+import json
+import math
+import os
+
+import pytest
+
+from ddlm_jax.errors import ConfigError
+from experiments import claims as registry
+from experiments import reproduce
+from experiments.benchmarks import matched_sampling as ms
+from experiments.claims import records, spec
+from experiments.claims import verdict as verdict_lib
+
+LN2 = math.log(2)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _points(entropies, nlls, temps=(0.9, 1.0, 1.15)):
+  return {
+    t: {'entropy': h, 'gen_nll': v, 'nfe': 8.0, 'flops_per_sample': 1e6}
+    for t, h, v in zip(temps, entropies, nlls)
+  }
+
+
+def test_matched_interpolates_inside_the_sweep_and_clips_outside():
+  sweep = {
+    1.0: {'entropy': 3.0, 'gen_nll': 3.5},
+    1.2: {'entropy': 3.2, 'gen_nll': 3.9},
+  }
+  inside = ms.matched(sweep, 3.1)
+  assert inside['gen_nll'] == pytest.approx(3.7)
+  assert inside['gen_ppl'] == pytest.approx(math.exp(3.7))
+  assert inside['entropy_bits'] == pytest.approx(3.1 / LN2)
+  # Beyond the sweep: the nearest point, whose entropy is recorded (so a
+  # verdict sees the mismatch instead of a target that was never reached).
+  above = ms.matched(sweep, 3.5)
+  assert above['gen_nll'] == pytest.approx(3.9)
+  assert above['entropy_bits'] == pytest.approx(3.2 / LN2)
+  # The order of the temperatures (string keys of a saved sweep) is not
+  # the order of the entropies: a sampler may sharpen as it heats.
+  shuffled = {'1.3': sweep[1.0], '0.8': sweep[1.2]}
+  assert ms.matched(shuffled, 3.1)['gen_nll'] == pytest.approx(3.7)
+
+
+def _record(claim, rows_by_arm, seeds):
+  arms = {name: ms.arm_entry(rows, seeds) for name, rows in rows_by_arm.items()}
+  record = records.measured(claim.id, 'test', 'cmd', arms, seeds=seeds)
+  records.validate(record)
+  return record
+
+
+def test_records_of_matched_sweeps_judge_a_converted_claim():
+  claim = registry.get('uniform-wins-few-steps')
+  target = 3.05
+  seeds = [0, 1, 2]
+
+  def rows(nlls, entropies=(3.0, 3.1, 3.2)):
+    return [ms.row(_points(entropies, nlls), target) for _ in seeds]
+
+  better = {'udlm': rows((3.0, 3.2, 3.4)), 'mdlm': rows((3.5, 3.7, 3.9))}
+  record = _record(claim, better, seeds)
+  udlm = record['arms']['udlm']
+  assert udlm['values'] == pytest.approx([math.exp(3.1)] * 3)
+  assert udlm['entropy'] == pytest.approx([target / LN2] * 3)
+  assert udlm['nfe'] == [8.0] * 3 and udlm['seeds'] == seeds
+  got = verdict_lib.judge(claim.rule, record, claim.budget_fraction)
+  assert got.label == verdict_lib.REPRODUCED, got.reason
+  worse = {'udlm': better['mdlm'], 'mdlm': better['udlm']}
+  got = verdict_lib.judge(claim.rule, _record(claim, worse, seeds))
+  assert got.label == verdict_lib.MISS
+  # A uniform sweep that never comes down to the target entropy is read
+  # at its sharpest point: a lower gen-ppl bought with less entropy.
+  sharp = {
+    'udlm': rows((2.0, 2.2, 2.4), entropies=(2.6, 2.7, 2.8)),
+    'mdlm': better['mdlm'],
+  }
+  got = verdict_lib.judge(claim.rule, _record(claim, sharp, seeds))
+  assert got.label == verdict_lib.PARTIAL and 'entropy' in got.reason
+
+
+def test_converted_claims_sample_the_bound_claims_runs():
+  bound = registry.get('masked-beats-uniform-bound')
+  keys = {a.name: reproduce.arm_key(a, 'cpu', bound) for a in bound.arms}
+  ar = registry.get('ar-below-mdlm')
+  ar_key = next(
+    reproduce.arm_key(a, 'cpu', ar) for a in ar.arms if a.name == 'ar'
+  )
+  converted = [c for c in registry.CLAIMS.values() if c.samplings]
+  assert {c.id for c in converted} >= {
+    'remdm-capped-beats-ancestral',
+    'remdm-loop-beats-ancestral',
+    'uniform-wins-few-steps',
+    'psi-beats-ancestral',
+    'loo-conversion',
+  }
+  for claim in converted:
+    ms.check(claim)  # Every sampler takes its params and a temperature.
+    assert claim.command == f'python -m experiments.reproduce {claim.id}'
+    names = {s.name for s in claim.samplings}
+    assert {claim.rule.arm, claim.rule.baseline} <= names, claim.id
+    assert claim.rule.entropy_tol == spec.ENTROPY_TOL
+    for arm in claim.arms:
+      assert reproduce.arm_key(arm, 'cpu', claim) == keys[arm.name]
+    assert reproduce.arm_key(claim.scorer, 'cpu', claim) == ar_key
+    for s in claim.samplings:
+      assert 32 <= s.num_samples <= 64 and len(s.temperatures) >= 3
+
+
+def test_bad_sampling_specs_are_refused_with_one_line():
+  with pytest.raises(ValueError, match='temperature is swept'):
+    spec.Sampling('a', 'm', 'ancestral', (('temperature', 0.9),))
+  with pytest.raises(ValueError, match='at least two distinct'):
+    spec.Sampling('a', 'm', 'ancestral', temperatures=(1.0,))
+  with pytest.raises(ValueError, match='num_samples'):
+    spec.Sampling('a', 'm', 'ancestral', num_samples=1)
+  base = registry.get('uniform-wins-few-steps')
+  orphan = spec.Sampling('x', 'nowhere', 'ancestral')
+  with pytest.raises(ValueError, match='unknown arm'):
+    spec.Claim(**{**base.__dict__, 'samplings': (orphan,)})
+  with pytest.raises(ValueError, match='need a scorer'):
+    spec.Claim(**{**base.__dict__, 'scorer': None})
+  typo = spec.Sampling('x', 'mdlm', 'remdm', (('etta', 0.04),))
+  claim = spec.Claim(**{**base.__dict__, 'samplings': (typo,)})
+  with pytest.raises(ConfigError, match='sampling x') as err:
+    ms.check(claim)
+  assert '\n' not in str(err.value)
+
+
+def test_reproduce_refuses_a_bad_sampler_before_training(
+  monkeypatch, tmp_path, capsys
+):
+  base = registry.get('uniform-wins-few-steps')
+  bad = spec.Sampling('udlm', 'udlm', 'no_such_sampler')
+  claim = spec.Claim(**{**base.__dict__, 'samplings': (bad,)})
+  monkeypatch.setitem(registry.CLAIMS, claim.id, claim)
+  runs = tmp_path / 'runs'
+  argv = [claim.id, '--budget=smoke', f'--runs_dir={runs}']
+  assert reproduce.main([*argv, f'--records_dir={tmp_path}']) == 2
+  err = capsys.readouterr().err
+  assert 'no_such_sampler' in err and len(err.strip().splitlines()) == 1
+  assert not runs.exists()
+
+
+def test_smoke_settings_and_shared_result_directories():
+  capped = registry.get('remdm-capped-beats-ancestral')
+  loop = registry.get('remdm-loop-beats-ancestral')
+  ancestral = [s for s in capped.samplings if s.name == 'ancestral'][0]
+  full = ms.settings_of(ancestral, 'cpu')
+  assert full['temperatures'] == list(spec.TEMPERATURES)
+  assert full['params'] == {'num_steps': 128, 'use_cache': False}
+  smoke = ms.settings_of(ancestral, 'smoke')
+  assert smoke['temperatures'] == [min(spec.TEMPERATURES), 1.3]
+  assert smoke['num_samples'] == ms.SMOKE_SAMPLES
+  # Both ReMDM claims read the one ancestral sweep; ReMDM's differ.
+  dirs = {
+    (c.id, s.name): ms.result_dir('out', 'k', ms.settings_of(s, 'cpu'))
+    for c in (capped, loop)
+    for s in c.samplings
+  }
+  assert dirs[(capped.id, 'ancestral')] == dirs[(loop.id, 'ancestral')]
+  assert dirs[(capped.id, 'remdm')] != dirs[(loop.id, 'loop')]
+
+
+def test_saved_sweeps_are_reused_without_loading_a_run(tmp_path):
+  claim = registry.get('loo-conversion')
+  seeds = (0, 1)
+  runs = {'udlm': {s: (str(tmp_path / 'absent'), 'udlm-key') for s in seeds}}
+  scorer = (str(tmp_path / 'absent_ar'), 'ar-key/s0')
+  out = str(tmp_path / 'samples')
+  for sampling in claim.samplings:
+    settings = ms.settings_of(sampling, 'cpu')
+    for seed in seeds:
+      nll = 3.0 + seed + (0.5 if sampling.name == 'plugin' else 0.0)
+      saved = {
+        'settings': settings,
+        'run': f'udlm-key/s{seed}',
+        'scorer': 'ar-key/s0',
+        'target_entropy_nats': 3.05,
+        'sweep': {
+          str(t): v for t, v in _points((3.0, 3.1), (nll, nll)).items()
+        },
+      }
+      file = ms.seed_results.path(
+        ms.result_dir(out, 'udlm-key', settings), seed
+      )
+      ms.seed_results.save(file, saved)
+  got = ms.measure_claim(
+    claim, seeds, runs, scorer, out, budget='cpu', log=lambda _: None
+  )
+  assert got['arms']['exact']['values'] == pytest.approx(
+    [math.exp(3.0), math.exp(4.0)]
+  )
+  assert got['arms']['plugin']['values'][0] == pytest.approx(math.exp(3.5))
+  assert got['target_entropy_bits'] == pytest.approx([3.05 / LN2] * 2)
+  # Another scorer is another measurement: nothing saved matches, so the
+  # (absent) run would be loaded.
+  with pytest.raises(Exception, match='absent'):
+    ms.measure_claim(
+      claim, seeds, runs, (scorer[0], 'other/s0'), out, budget='cpu'
+    )
+
+
+@pytest.mark.slow
+def test_reproduce_smoke_samples_a_converted_claim_and_reuses(tmp_path):
+  runs = tmp_path / 'runs'
+  argv = [
+    'uniform-wins-few-steps',
+    '--budget=smoke',
+    '--seeds=0',
+    f'--runs_dir={runs}',
+    f'--records_dir={tmp_path / "records"}',
+  ]
+  assert reproduce.main(argv) == 0
+  (file,) = (tmp_path / 'records').iterdir()
+  rec = json.loads(file.read_text())
+  assert rec['budget'] == 'smoke' and rec['seed_kind'] == spec.TRAINING
+  assert set(rec['arms']) == {'udlm', 'mdlm'}
+  for arm in rec['arms'].values():
+    assert arm['seeds'] == [0] and math.isfinite(arm['values'][0])
+    assert arm['values'][0] > 1 and 0 < arm['entropy'][0] < 16
+    assert arm['nfe'][0] <= 4
+  assert set(rec['trained']) == {'mdlm', 'udlm'}
+  assert len(rec['target_entropy_bits']) == 1
+  assert 'uniform_ancestral:num_steps=4' in rec['notes']
+  samples = runs / 'smoke' / 'samples'
+  assert len(list(samples.iterdir())) == 2  # One sweep per sampling arm.
+  # Again: every run and sweep is reused, the same numbers recorded.
+  assert reproduce.main(argv) == 0
+  again = [f for f in (tmp_path / 'records').iterdir() if f != file]
+  rec2 = json.loads(again[0].read_text())
+  assert rec2['arms'] == rec['arms']
