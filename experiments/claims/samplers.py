@@ -25,6 +25,9 @@ _SWEEP = 'python -m experiments.sweep_samplers'
 _REPRO = 'python -m experiments.reproduce'
 # ReMDM against ancestral sampling at equal NFE: T = 128 network calls
 # each (ancestral without its skip-idle-steps cache, so every step calls).
+# Cost: the MDLM arm's 3 runs and the scorer (~40 min, shared with the
+# bound claims), then 2 arms x 5 temperatures x 3 seeds of 64 samples at
+# T = 128 (~35 min; the second ReMDM claim reuses the ancestral sweeps).
 _REMDM_STEPS = 128
 _ANCESTRAL_128 = Sampling(
   'ancestral',
@@ -124,7 +127,7 @@ CLAIMS = (
     ),
     scorer=AR_SCORER,
     command=f'{_REPRO} remdm-capped-beats-ancestral',
-    cost_minutes=45,
+    cost_minutes=75,
   ),
   Claim(
     id='remdm-loop-beats-ancestral',
@@ -156,7 +159,7 @@ CLAIMS = (
     ),
     scorer=AR_SCORER,
     command=f'{_REPRO} remdm-loop-beats-ancestral',
-    cost_minutes=45,
+    cost_minutes=75,
   ),
   Claim(
     id='scheduling-middle-most-sensitive',
