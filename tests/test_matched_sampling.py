@@ -97,6 +97,12 @@ def test_converted_claims_sample_the_bound_claims_runs():
     'psi-beats-ancestral',
     'loo-conversion',
   }
+  # The DiffusionGemma sampling claim samples its bound claims' runs.
+  dgemma = registry.get('dgemma-bound-beats-udlm')
+  bd3 = registry.get('bd3-bound-beats-dgemma')
+  for claim, name in ((dgemma, 'dgemma'), (bd3, 'bd3')):
+    arm = next(a for a in claim.arms if a.name == name)
+    keys[name] = reproduce.arm_key(arm, 'cpu', claim)
   for claim in converted:
     ms.check(claim)  # Every sampler takes its params and a temperature.
     assert claim.command == f'python -m experiments.reproduce {claim.id}'
@@ -233,3 +239,44 @@ def test_reproduce_smoke_samples_a_converted_claim_and_reuses(tmp_path):
   again = [f for f in (tmp_path / 'records').iterdir() if f != file]
   rec2 = json.loads(again[0].read_text())
   assert rec2['arms'] == rec['arms']
+
+
+def test_scaled_sweep_multiplies_a_self_annealing_samplers_schedule():
+  claim = registry.get('dgemma-samples-vs-bd3')
+  canvas = [s for s in claim.samplings if s.name == 'dgemma'][0]
+  params = dict(canvas.params)
+  sampler = ms.build(canvas.sampler, params, 1.5, canvas.scaled)
+  assert (sampler.t_max, sampler.t_min) == pytest.approx((1.2, 0.6))
+  assert sampler.temperature == 1.0 and sampler.num_steps == 48
+  # Without `scaled` the sweep value is the temperature, which this
+  # sampler refuses: check() catches it before anything trains.
+  plain = spec.Sampling('c', 'dgemma', canvas.sampler, canvas.params)
+  with pytest.raises(ConfigError, match='sampling c'):
+    ms.check(spec.Claim(**{**claim.__dict__, 'samplings': (plain,)}))
+  with pytest.raises(ValueError, match='not in params'):
+    spec.Sampling('c', 'dgemma', canvas.sampler, (), scaled=('t_max',))
+
+
+def test_settings_with_nested_params_match_after_a_save(tmp_path):
+  """A saved sweep is reused only if its settings compare equal once read
+  back from JSON, nested parameter pairs included."""
+  claim = registry.get('dgemma-samples-vs-bd3')
+  block = [s for s in claim.samplings if s.name == 'bd3'][0]
+  settings = ms.settings_of(block, 'cpu')
+  assert settings['params']['inner_params'] == [['num_steps', 16]]
+  assert ms.build(block.sampler, settings['params'], 0.9).inner_params == (
+    ('num_steps', 16),
+  )
+  file = str(tmp_path / 's0' / 'result.json')
+  ms.seed_results.save(file, {'settings': settings})
+  assert ms.seed_results.load_matching(file, settings=settings) is not None
+  # The scaled params are part of the settings: another schedule, another
+  # sweep directory.
+  canvas = [s for s in claim.samplings if s.name == 'dgemma'][0]
+  unscaled = spec.Sampling(
+    'dgemma', 'dgemma', canvas.sampler, canvas.params,
+    temperatures=canvas.temperatures, num_samples=canvas.num_samples,
+  )  # fmt: skip
+  assert ms.result_dir('o', 'k', ms.settings_of(canvas, 'cpu')) != (
+    ms.result_dir('o', 'k', ms.settings_of(unscaled, 'cpu'))
+  )

@@ -75,14 +75,18 @@ def sweep(
   seed: int,
   scorer,
   light_run=None,
+  scaled=(),
 ) -> dict:
-  """{temperature: draw} of sampler `name` with `params` over a sweep."""
-  from ddlm_jax.sampling.registry import get_sampler
+  """{temperature: draw} of sampler `name` with `params` over a sweep.
 
+  With `scaled` (names of params) each sweep value multiplies those
+  params instead of being the sampler's temperature: the sweep of a
+  sampler that anneals its own temperatures (e.g. t_max and t_min).
+  """
   same = scorer.tokenizer == run.data.tokenizer
   out = {}
   for temperature in temperatures:
-    sampler = get_sampler(name, **params, temperature=temperature)
+    sampler = build(name, params, temperature, scaled)
     out[float(temperature)] = draw(
       run,
       sampler,
@@ -93,6 +97,18 @@ def sweep(
       light_run=light_run,
     )
   return out
+
+
+def build(name: str, params: dict, temperature: float, scaled=()):
+  """Sampler `name` at one sweep value: its temperature, or with `scaled`
+  that value times each named param (the temperature left at 1)."""
+  from ddlm_jax.sampling.registry import get_sampler
+
+  if not scaled:
+    return get_sampler(name, **params, temperature=temperature)
+  return get_sampler(
+    name, **{**params, **{k: params[k] * temperature for k in scaled}}
+  )
 
 
 def matched(points: dict, target: float) -> dict:
@@ -148,30 +164,36 @@ def settings_of(sampling, budget: str) -> dict:
   if budget == 'smoke':
     temps = [min(temps), max(temps)]
     num = min(num, SMOKE_SAMPLES)
-  return {
+  out = {
     'sampler': sampling.sampler,
-    'params': dict(sampling.params),
+    # As JSON holds them (nested pairs become lists), so that a saved
+    # result compares equal to the settings that made it.
+    'params': json.loads(json.dumps(dict(sampling.params))),
     'temperatures': temps,
     'num_samples': num,
   }
+  if sampling.scaled:
+    out['scaled'] = list(sampling.scaled)
+  return out
 
 
 def check(claim) -> None:
   """Refuses a claim whose samplers would fail, before anything trains.
 
   Every sampling arm's sampler must be registered and accept its params
-  and a temperature (the sweep's); raises ConfigError naming the arm.
+  at every value of its sweep; raises ConfigError naming the arm.
   """
   from ddlm_jax.errors import ConfigError
-  from ddlm_jax.sampling.registry import get_sampler
 
   for sampling in claim.samplings:
     try:
-      get_sampler(
-        sampling.sampler,
-        **dict(sampling.params),
-        temperature=float(sampling.temperatures[0]),
-      )
+      for temperature in sampling.temperatures:
+        build(
+          sampling.sampler,
+          dict(sampling.params),
+          float(temperature),
+          sampling.scaled,
+        )
     except (ValueError, TypeError) as e:
       raise ConfigError(
         f'claim {claim.id}, sampling {sampling.name} ({sampling.spec()}): {e}'
@@ -256,6 +278,7 @@ def measure_claim(
           num_samples=settings['num_samples'],
           seed=seed,
           scorer=scorer[0],
+          scaled=settings.get('scaled', ()),
         )
         saved = {
           **fields,

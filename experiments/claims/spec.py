@@ -99,7 +99,9 @@ class Sampling:
   temperature of ``temperatures``: the sweep over which its gen-NLL is
   read at the validation text's unigram entropy (``MATCHED_ENTROPY``).
   ``params`` are the sampler's parameters (``num_steps`` among them); the
-  temperature is the sweep's, never a parameter.
+  temperature is the sweep's, never a parameter. A sampler that anneals
+  its own temperatures (DiffusionGemma's canvas sampler) names them in
+  ``scaled``: each sweep value then multiplies those params instead.
   """
 
   name: str
@@ -108,6 +110,7 @@ class Sampling:
   params: tuple[tuple[str, Any], ...] = ()
   temperatures: tuple[float, ...] = TEMPERATURES
   num_samples: int = 32
+  scaled: tuple[str, ...] = ()
 
   def __post_init__(self):
     temps = self.temperatures
@@ -120,6 +123,12 @@ class Sampling:
       raise ValueError(
         f'sampling {self.name}: num_samples={self.num_samples}; give at '
         'least 2 (32-64 for a claim)'
+      )
+    missing = [k for k in self.scaled if k not in dict(self.params)]
+    if missing:
+      raise ValueError(
+        f'sampling {self.name}: scaled params {missing} are not in params; '
+        'give their values at sweep value 1'
       )
     if 'temperature' in dict(self.params):
       raise ValueError(
