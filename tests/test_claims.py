@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -163,6 +164,31 @@ def test_exact_test_passes_fails_or_was_not_run():
     v.MISS
   )
   assert v.judge(rule, {'arms': {}}).label == v.NOT_RUN
+  skipped = {'passed': False, 'tests': 4, 'skipped': 3, 'failures': 0}
+  got = v.judge(rule, {'arms': {}, 'exact_test': skipped})
+  assert got.label == v.NOT_RUN and '3 of 4' in got.reason
+
+
+def test_an_exact_test_that_skips_has_not_passed(tmp_path):
+  """pytest exits 0 when every test skips; the record must not say passed."""
+  from experiments import reproduce
+
+  skips = tmp_path / 'test_skips.py'
+  skips.write_text(
+    'import pytest\n\n\ndef test_a():\n  pytest.skip("no torch")\n\n\n'
+    'def test_b():\n  assert 1 + 1 == 2\n'
+  )
+  passes = tmp_path / 'test_passes.py'
+  passes.write_text('def test_a():\n  assert 1 + 1 == 2\n')
+
+  def run(path):
+    claim = types.SimpleNamespace(rule=v.ExactTest(str(path)))
+    return reproduce.run_exact_test(claim, log=lambda _: None)
+
+  got = run(skips)
+  assert got['passed'] is False
+  assert (got['tests'], got['skipped'], got['failures']) == (2, 1, 0)
+  assert run(passes)['passed'] is True
 
 
 def test_budget_turns_a_miss_into_inconclusive_but_not_a_success():

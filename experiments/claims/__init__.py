@@ -41,6 +41,7 @@ FAMILIES = (
   'block diffusion',
   'word level',
   'paper recipes',
+  'interop',
   'accelerators',
 )
 

@@ -334,6 +334,14 @@ def exact(rule: ExactTest, record: Mapping[str, Any]) -> Verdict:
     return Verdict(NOT_RUN, f'{rule.test} has no recorded result')
   if result.get('passed'):
     return Verdict(REPRODUCED, f'exact test {rule.test} passes')
+  if result.get('skipped') and not (
+    result.get('failures') or result.get('errors')
+  ):
+    return Verdict(
+      NOT_RUN,
+      f'{result["skipped"]} of {result.get("tests")} tests of {rule.test} '
+      'skipped (a missing optional dependency?): not checked',
+    )
   return Verdict(MISS, f'exact test {rule.test} fails')
 
 
