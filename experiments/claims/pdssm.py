@@ -280,12 +280,9 @@ CLAIMS = (
     'pdssm-a4-all-twelve',
     'a4',
     'A4 with all twelve elements',
-    'One PD-SSM layer with the groups preset (N = |G| = 12) solves A4 given '
-    'by all twelve elements',
-    cost_minutes=35,
-    pending='not yet solved: seed 0 of the groups preset stays at chance '
-    '(8.2% test, 2026-12-05; train words fitted to 30%), so the three-seed '
-    'record waits for a preset that solves it',
+    'One PD-SSM layer with the groups preset (N = |G| = 12, one dictionary '
+    'matrix per element) solves A4 given by all twelve elements',
+    cost_minutes=60,
   ),
   _group_claim(
     'pdssm-a4-two-generators',
