@@ -8,16 +8,15 @@ from experiments.claims.spec import (
   ENTROPY_TOL,
   EQUAL_NFE,
   EQUAL_STEPS,
-  EXACT,
   MATCHED_ENTROPY,
   TARGET,
   Arm,
   Claim,
+  exact_claim,
   recipe,
 )
 from experiments.claims.verdict import (
   Compare,
-  ExactTest,
   Ordering,
   Threshold,
 )
@@ -43,20 +42,15 @@ def _block(size):
 
 
 def _exact(id_, statement, paper_value, test):
-  return Claim(
-    id=id_,
+  return exact_claim(
+    id_,
     family='block diffusion',
     paper=_PAPER,
     arxiv=_ARXIV,
     table='the BD3 NELBO',
     statement=statement,
     paper_value=paper_value,
-    metric='exact test',
-    protocol=EXACT,
-    rule=ExactTest(test),
-    seeds=(),
-    command=f'{_REPRO} {id_}',
-    cost_minutes=1,
+    test=test,
   )
 
 

@@ -19,13 +19,13 @@ from experiments.claims.spec import (
   AR_SCORER,
   ENTROPY_TOL,
   EQUAL_FLOPS,
-  EXACT,
   MATCHED_ENTROPY,
   Arm,
   Claim,
   Sampling,
+  exact_claim,
 )
-from experiments.claims.verdict import Compare, ExactTest
+from experiments.claims.verdict import Compare
 
 _PAPER = 'DiffusionGemma'
 _ARXIV = ''  # Released as a model card and code, without a paper.
@@ -97,26 +97,22 @@ def _parity(id_, table, statement, test):
   """Parity with transformers' own classes: an exact test (torch and
   transformers are needed; where they are absent the test skips and the
   claim reads 'not run')."""
-  return Claim(
-    id=id_,
+  return exact_claim(
+    id_,
     family='interop',
     paper=_PAPER,
     arxiv=_ARXIV,
     table=table,
     statement=statement,
     paper_value='the released PyTorch implementation (transformers 5.23)',
-    metric='exact test',
-    protocol=EXACT,
-    rule=ExactTest(test),
-    seeds=(),
-    command=f'{_REPRO} {id_}',
+    test=test,
     cost_minutes=3,
   )
 
 
 CLAIMS = (
-  Claim(
-    id='dgemma-bound-exact',
+  exact_claim(
+    'dgemma-bound-exact',
     family='bounds',
     paper=_PAPER,
     arxiv=_ARXIV,
@@ -126,12 +122,7 @@ CLAIMS = (
     'tight schedule and stays above the entropy otherwise (enumerated on '
     'V = 3, one and two blocks of 2).',
     paper_value='an upper bound on the NLL',
-    metric='exact test',
-    protocol=EXACT,
-    rule=ExactTest('tests/test_dgemma_recipe.py'),
-    seeds=(),
-    command=f'{_REPRO} dgemma-bound-exact',
-    cost_minutes=1,
+    test='tests/test_dgemma_recipe.py',
   ),
   _parity(
     'dgemma-logit-parity',

@@ -4,8 +4,8 @@ The paper-scale recipes (text8, LM1B, OpenWebText) are registered with the
 papers' numbers and no record: they have not been run here.
 """
 
-from experiments.claims.spec import EQUAL_STEPS, EXACT, Arm, Claim, recipe
-from experiments.claims.verdict import Compare, ExactTest
+from experiments.claims.spec import EQUAL_STEPS, Arm, Claim, exact_claim, recipe
+from experiments.claims.verdict import Compare
 
 _MDLM = 'MDLM'
 _MD4 = 'MD4'
@@ -13,20 +13,15 @@ _REPRO = 'python -m experiments.reproduce'
 
 
 def _exact(id_, paper, arxiv, table, statement, paper_value, test):
-  return Claim(
-    id=id_,
+  return exact_claim(
+    id_,
     family='bounds',
     paper=paper,
     arxiv=arxiv,
     table=table,
     statement=statement,
     paper_value=paper_value,
-    metric='exact test',
-    protocol=EXACT,
-    rule=ExactTest(test),
-    seeds=(),
-    command=f'{_REPRO} {id_}',
-    cost_minutes=1,
+    test=test,
   )
 
 

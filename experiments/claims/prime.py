@@ -7,8 +7,8 @@ paper's OpenWebText runs see ~1.6e5 times more tokens than these 1000
 steps of 64 x 48, and its GPT-2 vocabulary is 25x larger.
 """
 
-from experiments.claims.spec import EQUAL_STEPS, EXACT, Arm, Claim
-from experiments.claims.verdict import Compare, ExactTest
+from experiments.claims.spec import EQUAL_STEPS, Arm, Claim, exact_claim
+from experiments.claims.verdict import Compare
 
 _PAPER = 'MDM-Prime'
 _ARXIV = '2505.18495'
@@ -43,8 +43,8 @@ def _beats_mdlm(id_, arm, what):
 
 
 CLAIMS = (
-  Claim(
-    id='prime-bound-exact',
+  exact_claim(
+    'prime-bound-exact',
     family='bounds',
     paper=_PAPER,
     arxiv=_ARXIV,
@@ -54,11 +54,7 @@ CLAIMS = (
     'for l = 1, 2 and ceil(log2 V) (enumerated on a 5-token, length-2 '
     'source).',
     paper_value='an upper bound on the NLL',
-    metric='exact test',
-    protocol=EXACT,
-    rule=ExactTest('tests/test_mdm_prime.py'),
-    seeds=(),
-    command=f'{_REPRO} prime-bound-exact',
+    test='tests/test_mdm_prime.py',
     cost_minutes=3,
   ),
   _beats_mdlm('prime-l2-beats-mdlm', _L2, 'l = 2 sub-tokens'),

@@ -283,3 +283,29 @@ def recipe(
     accelerator=True,
     cost_minutes=60 * 24 * 7,
   )
+
+
+def exact_claim(
+  id_, *, family, paper, arxiv, table, statement, paper_value, test,
+  cost_minutes=1,
+):  # fmt: skip
+  """A claim settled by a test file (closed form, enumeration, parity):
+  `experiments.reproduce` runs it and the verdict is whether every test in
+  it ran and passed."""
+  from experiments.claims.verdict import ExactTest
+
+  return Claim(
+    id=id_,
+    family=family,
+    paper=paper,
+    arxiv=arxiv,
+    table=table,
+    statement=statement,
+    paper_value=paper_value,
+    metric='exact test',
+    protocol=EXACT,
+    rule=ExactTest(test),
+    seeds=(),
+    command=f'python -m experiments.reproduce {id_}',
+    cost_minutes=cost_minutes,
+  )
