@@ -83,8 +83,15 @@ def test_records_of_matched_sweeps_judge_a_converted_claim():
 
 
 def test_converted_claims_sample_the_bound_claims_runs():
-  bound = registry.get('masked-beats-uniform-bound')
-  keys = {a.name: reproduce.arm_key(a, 'cpu', bound) for a in bound.arms}
+  """Every trained arm of a sampling claim is a run some bound claim trains
+  too (same directory), so the samples come from the runs whose bounds
+  the records report; the scorer is the AR arm of ar-below-mdlm."""
+  trained = {
+    (arm.config, arm.overrides): reproduce.arm_key(arm, 'cpu', claim)
+    for claim in registry.CLAIMS.values()
+    if claim.arms and not claim.samplings
+    for arm in claim.arms
+  }
   ar = registry.get('ar-below-mdlm')
   ar_key = next(
     reproduce.arm_key(a, 'cpu', ar) for a in ar.arms if a.name == 'ar'
@@ -96,13 +103,10 @@ def test_converted_claims_sample_the_bound_claims_runs():
     'uniform-wins-few-steps',
     'psi-beats-ancestral',
     'loo-conversion',
+    'dgemma-samples-vs-bd3',
+    'did-beats-block',
+    'bd3-samples-beat-mdlm',
   }
-  # The DiffusionGemma sampling claim samples its bound claims' runs.
-  dgemma = registry.get('dgemma-bound-beats-udlm')
-  bd3 = registry.get('bd3-bound-beats-dgemma')
-  for claim, name in ((dgemma, 'dgemma'), (bd3, 'bd3')):
-    arm = next(a for a in claim.arms if a.name == name)
-    keys[name] = reproduce.arm_key(arm, 'cpu', claim)
   for claim in converted:
     ms.check(claim)  # Every sampler takes its params and a temperature.
     assert claim.command == f'python -m experiments.reproduce {claim.id}'
@@ -110,7 +114,8 @@ def test_converted_claims_sample_the_bound_claims_runs():
     assert {claim.rule.arm, claim.rule.baseline} <= names, claim.id
     assert claim.rule.entropy_tol == spec.ENTROPY_TOL
     for arm in claim.arms:
-      assert reproduce.arm_key(arm, 'cpu', claim) == keys[arm.name]
+      key = reproduce.arm_key(arm, 'cpu', claim)
+      assert trained.get((arm.config, arm.overrides)) == key, (claim.id, key)
     assert reproduce.arm_key(claim.scorer, 'cpu', claim) == ar_key
     for s in claim.samplings:
       assert 32 <= s.num_samples <= 64 and len(s.temperatures) >= 3

@@ -5,6 +5,7 @@ one-block arm (L' = L = 128) is the control for those extra steps.
 """
 
 from experiments.claims.spec import (
+  AR_SCORER,
   ENTROPY_TOL,
   EQUAL_NFE,
   EQUAL_STEPS,
@@ -12,6 +13,7 @@ from experiments.claims.spec import (
   TARGET,
   Arm,
   Claim,
+  Sampling,
   exact_claim,
   recipe,
 )
@@ -160,17 +162,31 @@ CLAIMS = (
     arxiv=_ARXIV,
     table='OWT generative perplexity',
     statement="BD3 at L' = 4 with one token per call samples better than "
-    'the one-block (MDLM-style) sampler at ~L calls.',
+    'the one-block (MDLM) model it was fine-tuned from at the same L calls.',
     paper_value='BD3 ahead of MDLM in gen-ppl',
-    metric='AR-twin gen-ppl (scorer: AR seed 1), length 128',
+    metric='AR-twin gen-ppl, length 128, 128 calls each',
     protocol=MATCHED_ENTROPY,
     rule=Compare('bd3_L4', 'one_block', 'lower', entropy_tol=ENTROPY_TOL),
-    command=(
-      'python -m experiments.sweep_samplers --workdir=runs/bd3_4_s2 '
-      '--scorer=runs/ar_s1 --num_samples=32 --seeds=0,1,2 '
-      "--samplers='block:inner=ancestral,inner.num_steps=32'"
+    arms=(_BASE, _block(4)),
+    samplings=(
+      Sampling(
+        'bd3_L4',
+        'L4',
+        'block',
+        (('inner', 'ancestral'), ('inner_params', (('num_steps', 4),))),
+        num_samples=64,
+      ),
+      Sampling(
+        'one_block',
+        'base',
+        'ancestral',
+        (('num_steps', 128), ('use_cache', False)),
+        num_samples=64,
+      ),
     ),
-    cost_minutes=30,
+    scorer=AR_SCORER,
+    command=f'{_REPRO} bd3-samples-beat-mdlm',
+    cost_minutes=90,
   ),
   Claim(
     id='bd3-longer-than-training',
@@ -200,17 +216,35 @@ CLAIMS = (
     statement='Diffusion-in-Diffusion refinement samples better than plain '
     'block sampling at matched entropy and comparable calls.',
     paper_value='DiD ahead of block sampling',
-    metric='AR-twin gen-ppl',
+    metric="AR-twin gen-ppl on the L' = 16 model",
     protocol=MATCHED_ENTROPY,
     rule=Compare('did', 'block', 'lower', entropy_tol=ENTROPY_TOL),
-    command=(
-      'python -m experiments.sweep_samplers --workdir=runs/bd3_16_sS '
-      '--scorer=runs/ar_quickstart --num_samples=32 --seeds=0,1,2 '
-      "--samplers='block:inner=ancestral,inner.num_steps=16,temperature="
-      '0.8;did:draft=ancestral,draft_num_steps=8,block_size=16,'
-      "refine_steps=1,remask_fraction=0.25'"
+    arms=(_BASE, _block(16)),
+    samplings=(
+      Sampling(
+        'did',
+        'L16',
+        'did',
+        (
+          ('draft', 'ancestral'),
+          ('draft_num_steps', 8),
+          ('block_size', 16),
+          ('refine_steps', 1),
+          ('remask_fraction', 0.25),
+        ),
+        num_samples=64,
+      ),
+      Sampling(
+        'block',
+        'L16',
+        'block',
+        (('inner', 'ancestral'), ('inner_params', (('num_steps', 16),))),
+        num_samples=64,
+      ),
     ),
-    cost_minutes=30,
+    scorer=AR_SCORER,
+    command=f'{_REPRO} did-beats-block',
+    cost_minutes=90,
   ),
   Claim(
     id='bd3-kv-cache-speedup',
