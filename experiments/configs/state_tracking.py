@@ -77,7 +77,9 @@ Presets:
               seed 0  98.6%: 100% up to length 147, 96-99% beyond; 12
                       distinct bijective maps on a 12-state orbit that
                       satisfy 19% of the relations (not a group
-                      representation); stopped at step 2250
+                      representation); stopped at step 2250. Trained
+                      on to 4000 steps (train.early_stop_accuracy=0):
+                      final params 99.6%, relations still 19%
               seed 1  100.0% in every length bucket; A4 acts on a closed
                       block of 6 states with every relation holding;
                       stopped at step 3000 (15 min)
