@@ -14,6 +14,7 @@ from experiments.claims.spec import (
   Arm,
   Claim,
   Sampling,
+  block_sampling,
   exact_claim,
   recipe,
 )
@@ -169,13 +170,7 @@ CLAIMS = (
     rule=Compare('bd3_L4', 'one_block', 'lower', entropy_tol=ENTROPY_TOL),
     arms=(_BASE, _block(4)),
     samplings=(
-      Sampling(
-        'bd3_L4',
-        'L4',
-        'block',
-        (('inner', 'ancestral'), ('inner_params', (('num_steps', 4),))),
-        num_samples=64,
-      ),
+      block_sampling('bd3_L4', 'L4', 4),
       Sampling(
         'one_block',
         'base',
@@ -234,13 +229,7 @@ CLAIMS = (
         ),
         num_samples=64,
       ),
-      Sampling(
-        'block',
-        'L16',
-        'block',
-        (('inner', 'ancestral'), ('inner_params', (('num_steps', 16),))),
-        num_samples=64,
-      ),
+      block_sampling('block', 'L16', 16),
     ),
     scorer=AR_SCORER,
     command=f'{_REPRO} did-beats-block',

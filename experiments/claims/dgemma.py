@@ -23,6 +23,7 @@ from experiments.claims.spec import (
   Arm,
   Claim,
   Sampling,
+  block_sampling,
   exact_claim,
 )
 from experiments.claims.verdict import Compare
@@ -192,13 +193,7 @@ CLAIMS = (
       _canvas('dgemma', 48),
       _canvas('dgemma_cap24', 24),
       _canvas('dgemma_cap12', 12),
-      Sampling(
-        'bd3',
-        'bd3',
-        'block',
-        (('inner', 'ancestral'), ('inner_params', (('num_steps', 16),))),
-        num_samples=64,
-      ),
+      block_sampling('bd3', 'bd3', 16),
     ),
     scorer=AR_SCORER,
     command=f'{_REPRO} dgemma-samples-vs-bd3',

@@ -142,6 +142,18 @@ class Sampling:
     return f'{self.sampler}:{items}' if items else self.sampler
 
 
+def block_sampling(name: str, arm: str, inner_steps: int) -> Sampling:
+  """BD3's block sampler on a trained arm: ancestral sampling inside each
+  block, `inner_steps` calls per block, 64 samples per temperature."""
+  return Sampling(
+    name,
+    arm,
+    'block',
+    (('inner', 'ancestral'), ('inner_params', (('num_steps', inner_steps),))),
+    num_samples=64,
+  )
+
+
 # The scorer of sample-quality claims: the quickstart's autoregressive twin
 # (the arm of ar-below-mdlm, so its runs are shared). One run, seed 0, is
 # the instrument every sampling arm is measured with.
