@@ -44,7 +44,9 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
+import xml.etree.ElementTree as ET
 
 from ddlm_jax.errors import ConfigError
 from experiments import claims as registry
@@ -263,9 +265,6 @@ def run_exact_test(claim: spec.Claim, log=print) -> dict:
   pytest exits 0 when tests skip (a parity test without torch), so the
   counts come from its JUnit report: a skipped test is not a passed one.
   """
-  import tempfile
-  import xml.etree.ElementTree as ET
-
   test = claim.rule.test
   log(f'  pytest {test}')
   with tempfile.TemporaryDirectory() as tmp:

@@ -176,10 +176,10 @@ def test_an_exact_test_that_skips_has_not_passed(tmp_path):
   skips = tmp_path / 'test_skips.py'
   skips.write_text(
     'import pytest\n\n\ndef test_a():\n  pytest.skip("no torch")\n\n\n'
-    'def test_b():\n  assert 1 + 1 == 2\n'
+    'def test_b():\n  pass\n'
   )
   passes = tmp_path / 'test_passes.py'
-  passes.write_text('def test_a():\n  assert 1 + 1 == 2\n')
+  passes.write_text('def test_a():\n  pass\n')
 
   def run(path):
     claim = types.SimpleNamespace(rule=v.ExactTest(str(path)))

@@ -14,6 +14,7 @@ from experiments.claims.spec import (
   Arm,
   Claim,
   Sampling,
+  ancestral_sampling,
   block_sampling,
   exact_claim,
   recipe,
@@ -171,13 +172,7 @@ CLAIMS = (
     arms=(_BASE, _block(4)),
     samplings=(
       block_sampling('bd3_L4', 'L4', 4),
-      Sampling(
-        'one_block',
-        'base',
-        'ancestral',
-        (('num_steps', 128), ('use_cache', False)),
-        num_samples=64,
-      ),
+      ancestral_sampling('one_block', 'base', 128),
     ),
     scorer=AR_SCORER,
     command=f'{_REPRO} bd3-samples-beat-mdlm',

@@ -17,6 +17,7 @@ from experiments.claims.spec import (
   TARGET,
   Claim,
   Sampling,
+  ancestral_sampling,
 )
 from experiments.claims.uniform import MDLM
 from experiments.claims.verdict import Compare, Threshold
@@ -29,13 +30,7 @@ _REPRO = 'python -m experiments.reproduce'
 # bound claims), then 2 arms x 5 temperatures x 3 seeds of 64 samples at
 # T = 128 (~35 min; the second ReMDM claim reuses the ancestral sweeps).
 _REMDM_STEPS = 128
-_ANCESTRAL_128 = Sampling(
-  'ancestral',
-  'mdlm',
-  'ancestral',
-  (('num_steps', _REMDM_STEPS), ('use_cache', False)),
-  num_samples=64,
-)
+_ANCESTRAL_128 = ancestral_sampling('ancestral', 'mdlm', _REMDM_STEPS)
 # Fast-dLLM's figures, one command for the four claims (3 training seeds of
 # the long BPE quickstart, after its AR twin ar_quickstart_bpe.py:long).
 _FAST = (

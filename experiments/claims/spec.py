@@ -142,6 +142,19 @@ class Sampling:
     return f'{self.sampler}:{items}' if items else self.sampler
 
 
+def ancestral_sampling(name: str, arm: str, steps: int) -> Sampling:
+  """Masked ancestral sampling on a trained arm without its skip-idle-steps
+  cache, so each of the `steps` steps is one network call; 64 samples per
+  temperature."""
+  return Sampling(
+    name,
+    arm,
+    'ancestral',
+    (('num_steps', steps), ('use_cache', False)),
+    num_samples=64,
+  )
+
+
 def block_sampling(name: str, arm: str, inner_steps: int) -> Sampling:
   """BD3's block sampler on a trained arm: ancestral sampling inside each
   block, `inner_steps` calls per block, 64 samples per temperature."""

@@ -16,6 +16,7 @@ from experiments.claims.spec import (
   Arm,
   Claim,
   Sampling,
+  ancestral_sampling,
   recipe,
 )
 from experiments.claims.verdict import Compare, Threshold
@@ -125,13 +126,7 @@ CLAIMS = (
     arms=(MDLM, UDLM),
     samplings=(
       _uniform('udlm', 4, num_samples=64),
-      Sampling(
-        'mdlm',
-        'mdlm',
-        'ancestral',
-        (('num_steps', 4), ('use_cache', False)),
-        num_samples=64,
-      ),
+      ancestral_sampling('mdlm', 'mdlm', 4),
     ),
     scorer=AR_SCORER,
     command=f'{_REPRO} uniform-wins-few-steps',
