@@ -203,6 +203,20 @@ def _make_block(config: ClassifierConfig, rngs: nnx.Rngs) -> nnx.Module:
   )
 
 
+def _per_token_transitions(block: nnx.Module) -> bool:
+  """Whether a block computes PD-SSM transitions once per token id.
+
+  Exact for the first block (no position embeddings): see
+  ``ssm.SSMMixer.states``'s token_ids. Only the PD-SSM blocks take them.
+  """
+  mixer = getattr(block, 'mixer', None)
+  return (
+    isinstance(block, (ssm.SSMBlock, ssm.PostNormBlock))
+    and isinstance(mixer, ssm.SSMMixer)
+    and mixer.mode == 'pdssm'
+  )
+
+
 class SequenceClassifier(nnx.Module):
   """Embedding -> blocks -> norm -> last real token -> linear head."""
 
@@ -240,8 +254,12 @@ class SequenceClassifier(nnx.Module):
     L = tokens_BxL.shape[1]
     mask_BxL = jnp.arange(L)[None, :] < lengths_B[:, None]
     x = self.embed(tokens_BxL)
-    for block in self.blocks:
-      x = block(x, mask_BxL)
+    for i, block in enumerate(self.blocks):
+      if i == 0 and _per_token_transitions(block):
+        # The first block's input is a function of the token alone.
+        x = block(x, mask_BxL, (tokens_BxL, self.config.vocab_size))
+      else:
+        x = block(x, mask_BxL)
     return self.norm(x)
 
   def logits_all(

@@ -249,6 +249,31 @@ def fc_mlp(
   )
 
 
+def _per_token(u_BxLxD: jax.Array, token_ids: tuple[jax.Array, int] | None):
+  """(inputs to compute transitions on, spread back to [B, L, ...]).
+
+  Without token_ids: u itself and the identity. With (ids_BxL, V), where
+  u_t is a function of ids[t] alone: u_1xVxD, the mean of u over each id's
+  positions (equal rows, so the mean is that row; an id absent from the
+  batch gets zeros, and its transition is never read), and a gather by ids.
+  The mean's gradient shares each id's cotangent evenly among its
+  positions, whose sum is what the per-position computation gives.
+  """
+  if token_ids is None:
+    return u_BxLxD, lambda x: x
+  ids_BxL, num_ids = token_ids
+  B, L, D = u_BxLxD.shape
+  flat_ids = ids_BxL.reshape(-1)
+  total_VxD = jax.ops.segment_sum(
+    u_BxLxD.reshape(-1, D), flat_ids, num_segments=num_ids
+  )
+  count_V = jax.ops.segment_sum(
+    jnp.ones_like(flat_ids, u_BxLxD.dtype), flat_ids, num_segments=num_ids
+  )
+  u_1xVxD = (total_VxD / jnp.maximum(count_V, 1)[:, None])[None]
+  return u_1xVxD, lambda x_1xVx: x_1xVx[0][ids_BxL]
+
+
 class SSMMixer(nnx.Module):
   """PD-SSM / complex-diagonal / selective real-diagonal mixer, D -> D.
 
@@ -547,8 +572,18 @@ class SSMMixer(nnx.Module):
     u_BxLxD: jax.Array,
     mask_BxL: jax.Array | None = None,
     h0_BxN: jax.Array | None = None,
+    token_ids: tuple[jax.Array, int] | None = None,
   ) -> tuple[jax.Array, jax.Array]:
-    """Runs the recurrence; returns (h_BxLxN, h_last_BxN)."""
+    """Runs the recurrence; returns (h_BxLxN, h_last_BxN).
+
+    token_ids (pdssm only): (ids_BxL, V) from a caller whose input u_t is a
+    function of ids[t] < V alone (the first layer of a model without
+    position embeddings). The transition P_t, the costly part (a Sinkhorn
+    over N x N per position when relaxed or hardened through Sinkhorn), is
+    then computed once per id and gathered: the same values and gradients
+    (up to rounding), V instead of B * L matrices. Ignored with Gumbel
+    noise, which is drawn per position.
+    """
     if u_BxLxD.ndim != 3 or u_BxLxD.shape[-1] != self.d_model:
       raise ValueError(
         f'expected u_BxLxD with D={self.d_model}, got shape {u_BxLxD.shape}.'
@@ -574,10 +609,12 @@ class SSMMixer(nnx.Module):
       return pallas_kernels.linear_scan(
         d, b, h0_BxN=h0_BxN, reverse=self.reverse, impl=self.scan_impl
       )
+    noisy = self.relax_noise is not None and self.relax_key is not None
+    u_tr, spread = _per_token(u_BxLxD, None if noisy else token_ids)
     if self.relax_temperature is not None:
-      m = self.mixture(u_BxLxD)
+      m = self.mixture(u_tr)
       logits = self._sinkhorn_input(m)
-      if self.relax_noise is not None and self.relax_key is not None:
+      if noisy:
         logits = logits + self.relax_noise * jax.random.gumbel(
           self.relax_key, logits.shape, logits.dtype
         )
@@ -585,10 +622,8 @@ class SSMMixer(nnx.Module):
       turns = jax.nn.sigmoid(self.phase_mlp(u_BxLxD))
       wrapped = 2 * jnp.pi * jnp.minimum(turns, 1.0 - turns)
       self._record('phase_square', jnp.mean(wrapped**2))
-      self._record(
-        'relax_entropy',
-        -jnp.mean(jnp.sum(soft * jnp.log(jnp.maximum(soft, 1e-12)), -2)),
-      )
+      entropy = -jnp.sum(soft * jnp.log(jnp.maximum(soft, 1e-12)), -2)
+      self._record('relax_entropy', jnp.mean(spread(entropy)))
       if self.relax_hard is not None:
         # Straight-through: the forward is exactly the hardened P_t (soft -
         # stop_gradient(soft) is 0), the backward that of the relaxation.
@@ -597,8 +632,9 @@ class SSMMixer(nnx.Module):
         )
         st = hard + (soft - jax.lax.stop_gradient(soft))
         soft = jnp.where(self.relax_hard, st, soft)
+      soft = spread(soft)
     else:
-      soft = self.relaxed_transition(u_BxLxD)
+      soft = spread(self.relaxed_transition(u_tr))
     if mask_BxL is not None:
       eye = jnp.eye(N, dtype=soft.dtype)
       soft = jnp.where(keep[..., None], soft, eye)
@@ -620,9 +656,12 @@ class SSMMixer(nnx.Module):
     return y + self.d_skip[...] * u_BxLxD
 
   def __call__(
-    self, u_BxLxD: jax.Array, mask_BxL: jax.Array | None = None
+    self,
+    u_BxLxD: jax.Array,
+    mask_BxL: jax.Array | None = None,
+    token_ids: tuple[jax.Array, int] | None = None,
   ) -> jax.Array:
-    h, _ = self.states(u_BxLxD, mask_BxL)
+    h, _ = self.states(u_BxLxD, mask_BxL, token_ids=token_ids)
     return self.readout(h, u_BxLxD)
 
 
@@ -734,9 +773,16 @@ class SSMBlock(layers.Block):
     )
 
   def __call__(
-    self, x_BxLxD: jax.Array, mask_BxL: jax.Array | None = None
+    self,
+    x_BxLxD: jax.Array,
+    mask_BxL: jax.Array | None = None,
+    token_ids: tuple[jax.Array, int] | None = None,
   ) -> jax.Array:
-    return super().__call__(x_BxLxD, mask_BxL=mask_BxL)
+    """token_ids: passed to the mixer (see ``SSMMixer.states``)."""
+    if token_ids is None:
+      return super().__call__(x_BxLxD, mask_BxL=mask_BxL)
+    mix = lambda h: (self.mixer(h, mask_BxL, token_ids), None)
+    return self.residual(x_BxLxD, None, mix)[0]
 
 
 class PostNormBlock(nnx.Module):
@@ -757,9 +803,13 @@ class PostNormBlock(nnx.Module):
     )
 
   def __call__(
-    self, x_BxLxD: jax.Array, mask_BxL: jax.Array | None = None
+    self,
+    x_BxLxD: jax.Array,
+    mask_BxL: jax.Array | None = None,
+    token_ids: tuple[jax.Array, int] | None = None,
   ) -> jax.Array:
-    return self.norm(self.mixer(x_BxLxD, mask_BxL))
+    """token_ids: passed to the mixer (see ``SSMMixer.states``)."""
+    return self.norm(self.mixer(x_BxLxD, mask_BxL, token_ids))
 
 
 def make_mixer(

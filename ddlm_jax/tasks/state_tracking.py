@@ -33,6 +33,16 @@ best validation accuracy in state.extra (validation uses the test lengths
 on a separate stream), and the summary reports test accuracy of those
 (``test_accuracy``) and of the final parameters (``test_accuracy_final``).
 
+Restarts (``train.restarts`` R > 1): R initialisations train side by side
+on the same batches (``training.restarts``). Each validation scores every
+replica and keeps the best by validation accuracy, then by
+``faithful_relations`` (the group diagnostic's relations on a closed block
+that carries |G| distinct maps, 0 otherwise): among replicas that fit the
+validation words, the one that represents the group. Early stopping then
+also needs that replica's faithful_relations at 1, since a bijective
+automaton that is not a group action can reach 100% at validation lengths
+and still drift at longer ones.
+
 A step whose loss or gradients are not finite leaves the state unchanged and
 is recorded; the run then stops, names the step and reports status 'nan'.
 """
@@ -55,6 +65,7 @@ from ddlm_jax.models import sequence_classifier as sc
 from ddlm_jax.models import ssm
 from ddlm_jax.training import config as config_lib
 from ddlm_jax.training import metrics
+from ddlm_jax.training import restarts as restarts_lib
 from ddlm_jax.training.config import ConfigError, TrainerConfig, check_range
 from ddlm_jax.training.fit import (
   FAST_COMPILE,
@@ -453,6 +464,7 @@ def _check_config(config) -> None:
   if min(t.num_validation, t.num_test) < 1:
     raise ValueError('task.num_validation and task.num_test must be >= 1.')
   loss_on(config)
+  num_restarts(config)
   _model_options(config.model)
   _check_relax(config.model)
   ramp = t.get('curriculum_steps', 0)
@@ -466,6 +478,16 @@ def _check_config(config) -> None:
       'task.curriculum_steps needs fresh samples every step; set '
       'task.num_train=0 (or task.curriculum_steps=0).'
     )
+
+
+def num_restarts(config) -> int:
+  """train.restarts (default 1): initialisations trained side by side."""
+  value = config.train.get('restarts', 1)
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ConfigError(
+      f'train.restarts={value!r}: must be an integer >= 1 (1: one model).'
+    )
+  return value
 
 
 def _loss_fn(
@@ -619,6 +641,7 @@ def trainer_config(config) -> TrainerConfig:
       b2=o.b2,
       grad_clip=o.grad_clip,
       final_lr_fraction=o.final_lr_fraction,
+      replica_axis=num_restarts(config) > 1,
     ),
   )
 
@@ -632,6 +655,43 @@ def best_params(state):
     if float(extra['best_val_acc']) >= 0
     else (state.params)
   )
+
+
+def _rank(res: dict) -> tuple[float, float]:
+  """A validation result's rank among restarts: (accuracy, faithful
+  relations), the second 0 where there is no group diagnostic."""
+  return (res['accuracy'], res.get('faithful_relations', 0.0))
+
+
+def _keep_best_restart(early_stop: float):
+  """after_eval with restarts: the best replica's parameters (by ``_rank``)
+  in state.extra; early stop once it fits validation and, under the group
+  diagnostic, represents the group (faithful_relations 1)."""
+
+  def after_eval(state, res, step):
+    extra = state.extra
+    best = (float(extra['best_val_acc']), float(extra['best_relations']))
+    if _rank(res) > best:
+      r = res['restart']
+      extra = {
+        'best_params': restarts_lib.replica(state.params, r),
+        'best_val_acc': jnp.float32(res['accuracy']),
+        'best_relations': jnp.float32(_rank(res)[1]),
+        'best_step': jnp.int32(step),
+        'best_restart': jnp.int32(r),
+      }
+      state = state.replace(extra=extra)
+    print(
+      f'step {step}: validation acc {res["accuracy"]:.4f}, faithful '
+      f'relations {_rank(res)[1]:.2f} (restart {res["restart"]}; best '
+      f'{float(extra["best_val_acc"]):.4f} at {int(extra["best_step"])}, '
+      f'restart {int(extra["best_restart"])})',
+      flush=True,
+    )
+    solved = 'faithful_relations' not in res or res['faithful_relations'] >= 1
+    return state, 0 < early_stop <= res['accuracy'] and solved
+
+  return after_eval
 
 
 def _keep_best(early_stop: float):
@@ -662,6 +722,22 @@ def _init_extra(params):
     'best_val_acc': jnp.full((), -1.0, jnp.float32),
     'best_step': jnp.zeros((), jnp.int32),
   }
+
+
+def _init_extra_restarts(params):
+  """state.extra with restarts: one replica's best parameters."""
+  return {
+    **_init_extra(restarts_lib.replica(params, 0)),
+    'best_relations': jnp.full((), -1.0, jnp.float32),
+    'best_restart': jnp.zeros((), jnp.int32),
+  }
+
+
+def final_params(state):
+  """The final parameters (of the best replica when restarts stack)."""
+  if 'best_restart' not in state.extra:
+    return state.params
+  return restarts_lib.replica(state.params, int(state.extra['best_restart']))
 
 
 def first_mixer(model: sc.SequenceClassifier, x_BxLxD: jax.Array):
@@ -710,10 +786,14 @@ def group_diagnostic(config):
     n = maps.shape[1]
     start = (0,) if mixer.initial_state == 'onehot' else tuple(range(n))
     if every_element:
-      return group_maps.group_map_scores(maps, table, start)
-    return group_maps.generator_map_scores(
-      maps, gens, table, st.group_identity(group), start
-    )
+      res = group_maps.group_map_scores(maps, table, start)
+    else:
+      res = group_maps.generator_map_scores(
+        maps, gens, table, st.group_identity(group), start
+      )
+    faithful = res['block_distinct_maps'] == len(table)
+    res['faithful_relations'] = res['block_homomorphism_frac'] * faithful
+    return res
 
   return diagnose
 
@@ -734,10 +814,12 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
   graphdef, init, eval_step = programs(ccfg, bool(tr.fast_compile))
   val = _eval_split(config, 'validation', config.task.num_validation, seed)
   batch = config.eval.batch_size
+  restarts = num_restarts(config)
+  early_stop = float(tr.get('early_stop_accuracy', 0.0))
 
   diagnose = group_diagnostic(config)
 
-  def validate(params, step):
+  def score(params, step):
     res = evaluate(eval_step, params, val, batch)
     if diagnose is not None:
       res.update(diagnose(params))
@@ -745,15 +827,33 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
       res.update(eval_hook(params, step))
     return res
 
+  def validate(params, step):
+    if restarts == 1:
+      return score(params, step)
+    rows = [
+      score(restarts_lib.replica(params, r), step) for r in range(restarts)
+    ]
+    r = max(range(restarts), key=lambda i: _rank(rows[i]))
+    accs = [row['accuracy'] for row in rows]
+    return {**rows[r], 'restart': r, 'restart_acc_min': min(accs)}
+
   return Task(
-    init=init,
-    loss=_loss_fn(graphdef, on, entropy_weight, phase_weight),
+    init=restarts_lib.stack_init(init, restarts),
+    loss=restarts_lib.stack_loss(
+      _loss_fn(graphdef, on, entropy_weight, phase_weight), restarts
+    ),
     batches=lambda start: _train_batches(config, seed, start),
     evaluate=validate,
-    after_eval=_keep_best(float(tr.get('early_stop_accuracy', 0.0))),
-    init_extra=_init_extra,
+    after_eval=(
+      _keep_best(early_stop)
+      if restarts == 1
+      else _keep_best_restart(early_stop)
+    ),
+    init_extra=_init_extra if restarts == 1 else _init_extra_restarts,
     weight=_real_positions if on == 'prefix' else batch_size_weight,
-    cache_key=('state_tracking', ccfg, on, entropy_weight, phase_weight),
+    cache_key=(
+      'state_tracking', ccfg, on, entropy_weight, phase_weight, restarts
+    ),
   )
 
 
@@ -761,14 +861,21 @@ def display(config) -> Display:
   """The progress lines of a state-tracking run."""
   ccfg = classifier_config(config)
   tr = config.train
+  restarts = num_restarts(config)
   return Display(
     name=f'{config.model.mixer} on {config.task.name}',
     header=(
       f'{config.model.mixer} on {config.task.name} (seed {config.seed}): '
       f'{ccfg.d_model=} {ccfg.state_size=} {ccfg.num_layers=}, '
       f'{tr.num_steps} steps of {tr.batch_size}, loss on {loss_on(config)}'
+      + (
+        f', {restarts} restarts side by side (loss: their sum; acc: '
+        'their mean; acc_best: the best)'
+        if restarts > 1
+        else ''
+      )
     ),
-    shown=('loss', 'acc', 'prefix_acc'),
+    shown=('loss', 'acc', 'acc_best', 'prefix_acc'),
     log_window_mean=True,
     tokens_per_step=tr.batch_size * config.task.train_lengths[1],
   )
@@ -788,6 +895,9 @@ def final_test(config, result: FitResult, writer) -> dict:
     'best_step': int(extra['best_step']),
     'wall_s': round(result.wall_seconds_total, 1),
   }
+  if 'best_restart' in extra:
+    out['restarts'] = num_restarts(config)
+    out['best_restart'] = int(extra['best_restart'])
   if not (result.finished or result.status == 'nan'):
     return out
   _, _, eval_step = programs(
@@ -795,7 +905,9 @@ def final_test(config, result: FitResult, writer) -> dict:
   )
   batch = config.eval.batch_size
   test = _eval_split(config, 'test', config.task.num_test, config.seed)
-  final = evaluate(eval_step, state.params, test, batch, per_sequence=True)
+  final = evaluate(
+    eval_step, final_params(state), test, batch, per_sequence=True
+  )
   best = final
   if float(extra['best_val_acc']) >= 0:  # Else no validation ran.
     best = evaluate(

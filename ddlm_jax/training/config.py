@@ -93,6 +93,9 @@ class OptimizerConfig:
   final_lr_fraction: float = 0.1
   # ((top-level parameter key, peak learning rate), ...): own schedules.
   group_learning_rates: tuple[tuple[str, float], ...] = ()
+  # Parameters stack independent replicas on a leading axis (restarts
+  # trained side by side): clipping and weight decay see each alone.
+  replica_axis: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +133,7 @@ def optimizer_config(
   grad_clip: float = 1.0,
   final_lr_fraction: float = 0.1,
   group_learning_rates: tuple[tuple[str, float], ...] = (),
+  replica_axis: bool = False,
 ) -> OptimizerConfig:
   """A checked OptimizerConfig; `key` is the config block for messages."""
   k = lambda name: f'{key}.{name}'
@@ -152,6 +156,7 @@ def optimizer_config(
     grad_clip=float(grad_clip),
     final_lr_fraction=float(final_lr_fraction),
     group_learning_rates=tuple(group_learning_rates),
+    replica_axis=bool(replica_axis),
   )
 
 

@@ -20,9 +20,29 @@ def learning_rate_schedule(
   )
 
 
-def decay_mask(params):
-  """Weight decay on matrices only (not norms, biases or scalars)."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+def decay_mask(params, replica_axis: bool = False):
+  """Weight decay on matrices only (not norms, biases or scalars).
+
+  replica_axis: every leaf carries a leading axis of independent replicas,
+  which does not count towards a leaf's rank.
+  """
+  rank = 3 if replica_axis else 2
+  return jax.tree.map(lambda p: p.ndim >= rank, params)
+
+
+def per_replica(tx: optax.GradientTransformation):
+  """A stateless transformation (clipping) applied to each replica alone.
+
+  Every leaf's leading axis indexes independent replicas trained side by
+  side (restarts), so a global-norm clip sees each replica's own norm, as
+  it would in a run of its own.
+  """
+
+  def update(updates, state, params=None):
+    del params
+    return jax.vmap(lambda u: tx.update(u, state)[0])(updates), state
+
+  return optax.GradientTransformation(tx.init, update)
 
 
 def make_optimizer(
@@ -36,8 +56,13 @@ def make_optimizer(
   grad_clip: float = 1.0,
   final_lr_fraction: float = 0.1,
   group_learning_rates: dict[str, float] | None = None,
+  replica_axis: bool = False,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """AdamW (+ clipping); returns (transformation, main schedule).
+
+  replica_axis: the parameters stack independent replicas on a leading
+  axis; each is clipped and decayed as if trained alone (Adam's moments
+  are per entry already).
 
   group_learning_rates {name: peak}: parameters under a top-level key
   `name` (e.g. 'soft_mask', whose scalars train at 1e-2 while the model
@@ -47,12 +72,14 @@ def make_optimizer(
   schedule = learning_rate_schedule(
     learning_rate, warmup_steps, total_steps, final_lr_fraction
   )
+  mask = lambda params: decay_mask(params, replica_axis)
   adamw = lambda lr: optax.adamw(
-    lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=decay_mask
+    lr, b1=b1, b2=b2, weight_decay=weight_decay, mask=mask
   )
   parts = []
   if grad_clip and grad_clip > 0:
-    parts.append(optax.clip_by_global_norm(grad_clip))
+    clip = optax.clip_by_global_norm(grad_clip)
+    parts.append(per_replica(clip) if replica_axis else clip)
   if group_learning_rates:
     transforms = {'default': adamw(schedule)}
     for name, peak in group_learning_rates.items():
@@ -99,4 +126,5 @@ def optimizer_from_config(optimizer, total_steps: int):
     grad_clip=optimizer.grad_clip,
     final_lr_fraction=optimizer.final_lr_fraction,
     group_learning_rates=dict(optimizer.group_learning_rates) or None,
+    replica_axis=optimizer.replica_axis,
   )
