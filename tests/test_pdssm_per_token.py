@@ -66,7 +66,7 @@ def test_training_loss_and_gradients_match_per_position(
   largest = 0.0
   for g, r in zip(flat, ref_flat, strict=True):
     scale = float(jnp.abs(r).max()) + 1e-8
-    np.testing.assert_allclose(g / scale, r / scale, atol=1e-5)
+    np.testing.assert_allclose(g / scale, r / scale, atol=1e-4)
     largest = max(largest, float(jnp.abs(r).max()))
   assert largest > 0  # The gradients compared are not all zero.
 
@@ -87,7 +87,7 @@ def test_evaluation_logits_match_per_position(monkeypatch, model, num_layers):
   )
   logits = run()(params)
   _per_position(monkeypatch, False)
-  np.testing.assert_allclose(logits, run()(params), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits, run()(params), rtol=1e-4, atol=1e-4)
 
 
 def test_blocks_that_take_token_ids():

@@ -8,12 +8,16 @@ N x N matrices: column j is hardened to e_{argmax_i m[i, j]}.
 ``sinkhorn`` is the doubly stochastic relaxation a PD-SSM can train with
 instead (``ssm.SSMMixer.relax_temperature``): as its temperature falls it
 tends to a permutation matrix, the bijection the hardmax should find.
+``assignment_indices`` is that limit itself (a linear assignment), the
+hardening of a Sinkhorn relaxation that is a bijection by construction.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import scipy.optimize
 
 
 def straight_through_hardmax(
@@ -32,6 +36,37 @@ def straight_through_hardmax(
 def column_argmax(m_xNxN: jax.Array) -> jax.Array:
   """Row index of each column's maximum: p[..., j] = argmax_i m[..., i, j]."""
   return jnp.argmax(m_xNxN, axis=-2).astype(jnp.int32)
+
+
+def _assign_host(m_xNxN: np.ndarray) -> np.ndarray:
+  m = np.nan_to_num(np.asarray(m_xNxN, np.float64), nan=0.0)
+  m = np.clip(m, -1e30, 1e30)
+  n = m.shape[-1]
+  flat = m.reshape(-1, n, n)
+  out = np.empty(flat.shape[:2], np.int32)
+  for k, mat in enumerate(flat):
+    rows, cols = scipy.optimize.linear_sum_assignment(mat, maximize=True)
+    out[k, cols] = rows
+  return out.reshape(m.shape[:-1])
+
+
+def assignment_indices(m_xNxN: jax.Array) -> jax.Array:
+  """p[..., j] of the permutation maximising sum_j m[..., p[j], j].
+
+  The linear assignment of each N x N matrix (scipy's, on the host): the
+  limit of sinkhorn(m, T) as T -> 0. Where two columns' maxima share a row
+  ``column_argmax`` sends both there, a map that is no bijection; this
+  never does, and equals ``column_argmax`` when that is a bijection. Not
+  differentiable (integer output; the input's gradient is stopped), so use
+  it for the forward of a straight-through hardening.
+  """
+  out = jax.ShapeDtypeStruct(m_xNxN.shape[:-1], jnp.int32)
+  return jax.pure_callback(
+    _assign_host,
+    out,
+    jax.lax.stop_gradient(m_xNxN),
+    vmap_method='expand_dims',
+  )
 
 
 def column_softmax(m_xNxN: jax.Array, temperature: float = 1.0) -> jax.Array:

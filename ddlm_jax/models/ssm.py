@@ -65,7 +65,12 @@ from flax import nnx
 
 import pallas_kernels
 from ddlm_jax.models import layers
-from ddlm_jax.models.hardmax import column_argmax, column_softmax, sinkhorn
+from ddlm_jax.models.hardmax import (
+  assignment_indices,
+  column_argmax,
+  column_softmax,
+  sinkhorn,
+)
 from ddlm_jax.models.layers import axes_meta, lecun_dense, param
 
 MODES = ('pdssm', 'complex_diag', 'selective_diag')
@@ -85,6 +90,8 @@ COMBINES = ('sum', 'concat')
 # the states), or 'permutation' (see ``permutation_dictionary``: the
 # argmax of EVERY mixture starts as a bijection).
 DICT_INITS = ('random', 'permutation')
+# SSMMixer.harden: how P_t is hardened from M_t.
+HARDENINGS = ('argmax', 'matching')
 
 
 def permutation_dictionary(key: jax.Array, num_dict: int, n: int) -> jax.Array:
@@ -316,6 +323,13 @@ class SSMMixer(nnx.Module):
       relaxed one) does not depend on it; Adam's steps do not scale with
       the parameters, so a small dictionary lets training reorder the
       columns of M_t (change a token's permutation) in fewer steps.
+    harden: 'argmax' (the paper: every column of P_t is one-hot at its
+      own maximum, ``column_argmax``) or 'matching': P_t is the permutation
+      maximising the sum of the Sinkhorn input's entries it selects
+      (``hardmax.assignment_indices``), the T -> 0 limit of the Sinkhorn
+      relaxation. Still a one-hot P_t, and always a bijection, where
+      column maxima can collide (a relaxation of N = 60 states hardened by
+      argmax kept 55-58 of 60 rows).
     relax_normalize: Sinkhorn (relaxed forward and ``harden_temperature``)
       reads M_t with every column standardised (zero mean, unit std over
       rows). The column argmax is unchanged, but the model can no longer
@@ -341,6 +355,7 @@ class SSMMixer(nnx.Module):
     dict_init: str = 'random',
     harden_temperature: float | None = None,
     relax_normalize: bool = False,
+    harden: str = 'argmax',
     phase_init: float | None = None,
     input_init_scale: float = 1.0,
     dict_init_scale: float = 1.0,
@@ -418,6 +433,9 @@ class SSMMixer(nnx.Module):
       )
     self.harden_temperature = harden_temperature
     self.relax_normalize = bool(relax_normalize)
+    if harden not in HARDENINGS:
+      raise ValueError(f'harden must be one of {HARDENINGS}, got {harden!r}.')
+    self.harden = harden
     pd = dict(param_dtype=param_dtype)
     authors = init == 'authors'
     # normal(fan**-0.5) parameters, drawn in the order written here.
@@ -556,7 +574,13 @@ class SSMMixer(nnx.Module):
 
   def transition_indices(self, u_BxLxD: jax.Array) -> jax.Array:
     """p_idx_BxLxN of the hardened P_t (pdssm only)."""
-    return column_argmax(self.relaxed_transition(u_BxLxD))
+    return self._hard_indices(self.mixture(u_BxLxD))
+
+  def _hard_indices(self, m_BxLxNxN: jax.Array) -> jax.Array:
+    """p_idx of the hardened P_t from M_t (see ``harden``)."""
+    if self.harden == 'matching':
+      return assignment_indices(self._sinkhorn_input(m_BxLxNxN))
+    return column_argmax(self._hardening(m_BxLxNxN))
 
   def inputs(self, u_BxLxD: jax.Array) -> jax.Array:
     """b_t = B u_t (complex), or dt_t * B u_t (selective_diag, real)."""
@@ -628,13 +652,23 @@ class SSMMixer(nnx.Module):
         # Straight-through: the forward is exactly the hardened P_t (soft -
         # stop_gradient(soft) is 0), the backward that of the relaxation.
         hard = jax.nn.one_hot(
-          column_argmax(self._hardening(m)), N, axis=-2, dtype=soft.dtype
+          self._hard_indices(m), N, axis=-2, dtype=soft.dtype
         )
         st = hard + (soft - jax.lax.stop_gradient(soft))
         soft = jnp.where(self.relax_hard, st, soft)
       soft = spread(soft)
     else:
-      soft = spread(self.relaxed_transition(u_tr))
+      m = self.mixture(u_tr)
+      soft = self._hardening(m)
+      if self.harden == 'matching':
+        # pd_scan_st reads the column argmax of this: the matching's
+        # one-hot columns (soft - stop_gradient(soft) is 0), with the
+        # gradient of the straight-through surrogate.
+        hard = jax.nn.one_hot(
+          self._hard_indices(m), N, axis=-2, dtype=soft.dtype
+        )
+        soft = hard + (soft - jax.lax.stop_gradient(soft))
+      soft = spread(soft)
     if mask_BxL is not None:
       eye = jnp.eye(N, dtype=soft.dtype)
       soft = jnp.where(keep[..., None], soft, eye)

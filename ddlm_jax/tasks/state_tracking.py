@@ -209,6 +209,18 @@ def _model_options(m) -> dict:
     out['harden_temperature'] = float(tuple(m.relax_temperature)[1])
   if _check_relax(m) and m.get('relax_normalize', False):
     out['relax_normalize'] = True
+  harden = m.get('harden', 'argmax')
+  if harden not in ssm.HARDENINGS:
+    raise ConfigError(
+      f'model.harden={harden!r}: choose one of {ssm.HARDENINGS}.'
+    )
+  if harden != 'argmax':
+    if not _check_relax(m):
+      raise ConfigError(
+        f"model.harden={harden!r} hardens a Sinkhorn relaxation; set "
+        "model.relax='sinkhorn' (or model.harden='argmax')."
+      )
+    out['harden'] = harden
   return out
 
 
