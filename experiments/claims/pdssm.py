@@ -21,7 +21,7 @@ _REPRO = 'python -m experiments.reproduce'
 # Sequences seen over the paper's 100k x 256.
 CPU = 3000 * 64 / (100_000 * 256)
 CPU_LONG = 15_000 * 64 / (100_000 * 256)
-PAPER1 = 1200 * 64 / (100_000 * 256)
+PAPER1 = 4000 * 64 / (100_000 * 256)  # The paper1 preset: 4000 steps.
 
 
 def _st_arm(name, model, task, preset):
