@@ -13,13 +13,12 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 
+from ddlm_jax.models import sequence_classifier as sc
 from ddlm_jax.models import ssm
 from ddlm_jax.models.hardmax import assignment_indices, column_argmax
 from ddlm_jax.tasks import state_tracking as st_task
-from ddlm_jax.training.config import ConfigError
 from experiments.configs import state_tracking as cfgs
 
 
@@ -99,14 +98,14 @@ def test_matching_layer_runs_one_bijection_per_step_and_trains():
   assert float(jnp.abs(grads['dictionary'][...]).max()) > 0
 
 
-def test_matching_is_checked_before_compute():
-  c = cfgs.get_config('pdssm,s3,cpu')
-  c.model.harden = 'matching'
-  with pytest.raises(ConfigError, match="model.relax='sinkhorn'"):
-    st_task.state_tracking_task(c)
+def test_matching_option_reaches_the_mixer():
   c = cfgs.get_config('pdssm,s3,groups')
-  c.model.harden = 'hungarian'
-  with pytest.raises(ConfigError, match='model.harden'):
-    st_task.state_tracking_task(c)
   c.model.harden = 'matching'
-  st_task.state_tracking_task(c)  # Valid with the relaxation.
+  ccfg = st_task.classifier_config(c)
+  model = sc.SequenceClassifier(ccfg, rngs=nnx.Rngs(0))
+  assert model.blocks[0].mixer.harden == 'matching'
+  default = sc.SequenceClassifier(
+    st_task.classifier_config(cfgs.get_config('pdssm,s3,groups')),
+    rngs=nnx.Rngs(0),
+  )
+  assert default.blocks[0].mixer.harden == 'argmax'

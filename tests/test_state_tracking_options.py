@@ -165,6 +165,10 @@ def test_prefix_loss_equals_independent_mean_over_real_positions():
     ('s3', 'selective_diag', {'model.magnitude_init': 0.9}, 'learned'),
     ('s3', 'pdssm', {'model.init': 'xavier'}, r"'default', 'authors'"),
     ('s3', 'transformer', {'model.init': 'authors'}, 'SSM mixers'),
+    ('s3', 'pdssm', {'train.restarts': 0}, 'train.restarts'),
+    ('s3', 'pdssm', {'train.restarts': -1}, 'train.restarts'),
+    ('s3', 'pdssm', {'model.harden': 'matching'}, "model.relax='sinkhorn'"),
+    ('s3', 'pdssm', {'model.harden': 'hungarian'}, 'model.harden'),
   ],
 )
 def test_bad_options_are_refused_before_compute(

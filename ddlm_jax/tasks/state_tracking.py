@@ -217,7 +217,7 @@ def _model_options(m) -> dict:
   if harden != 'argmax':
     if not _check_relax(m):
       raise ConfigError(
-        f"model.harden={harden!r} hardens a Sinkhorn relaxation; set "
+        f'model.harden={harden!r} hardens a Sinkhorn relaxation; set '
         "model.relax='sinkhorn' (or model.harden='argmax')."
       )
     out['harden'] = harden
@@ -864,7 +864,12 @@ def state_tracking_task(config, *, eval_hook=None) -> Task:
     init_extra=_init_extra if restarts == 1 else _init_extra_restarts,
     weight=_real_positions if on == 'prefix' else batch_size_weight,
     cache_key=(
-      'state_tracking', ccfg, on, entropy_weight, phase_weight, restarts
+      'state_tracking',
+      ccfg,
+      on,
+      entropy_weight,
+      phase_weight,
+      restarts,
     ),
   )
 
