@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 
+import jax
 import numpy as np
 import pytest
 
@@ -52,9 +53,11 @@ def test_regular_representation_scores_one(group):
     'homomorphism_frac': 1.0,
     'orbit_size': len(table),
     'distinct_maps': len(table),
+    'distinct_elements': len(table),
     'block_size': len(table),
     'block_homomorphism_frac': 1.0,
     'block_distinct_maps': len(table),
+    'block_distinct_elements': len(table),
   }
 
 
@@ -89,13 +92,14 @@ def test_a_representation_off_the_orbit_of_h0_is_found_in_a_block():
   assert res['orbit_size'] == 1 and res['distinct_maps'] == 1
   assert res['block_size'] == 3
   assert res['block_homomorphism_frac'] == 1.0
-  assert res['block_distinct_maps'] == 6
+  assert res['block_distinct_maps'] == res['block_distinct_elements'] == 6
   # A block whose maps are not all bijections does not count.
   maps[0, 2] = 4
   res = gm.group_map_scores(maps, table)
   assert res['block_size'] == 2 and res['block_distinct_maps'] == 2
-  # (The sign block {1, 3}: a homomorphism onto C2.)
+  # (The sign block {1, 3}: a homomorphism onto C2, not faithful.)
   assert res['block_homomorphism_frac'] == 1.0
+  assert res['block_distinct_elements'] == 2
 
 
 def test_random_functions_score_low():
@@ -136,9 +140,11 @@ def test_generator_scores():
     'homomorphism_frac': 1.0,
     'orbit_size': 60,
     'distinct_maps': 3,
+    'distinct_elements': 60,
     'block_size': 60,
     'block_homomorphism_frac': 1.0,
     'block_distinct_maps': 3,
+    'block_distinct_elements': 60,
   }
   rng = np.random.default_rng(2)
   bad = gm.generator_map_scores(rng.integers(0, 64, (3, 64)), gens, table, 0)
@@ -172,3 +178,62 @@ def test_the_loop_records_the_diagnostic(tmp_path):
   # Not a PD-SSM on a group: nothing to diagnose.
   assert st_task.group_diagnostic(cfgs.get_config('pdssm,parity,smoke')) is None
   assert st_task.group_diagnostic(cfgs.get_config('lstm,s3,smoke')) is None
+
+
+@pytest.mark.parametrize('task', ['s3', 'a4', 'a4_gen'])
+def test_faithful_relations_need_every_element_distinct(task, monkeypatch):
+  # The regular representation scores 1. The action on the cosets of a
+  # normal subgroup (S3 on S3 / A3, A4 on A4 / V4) keeps every relation
+  # but is not faithful, and scores 0. For a4_gen the tokens are two
+  # generators, so faithfulness counts the elements' maps, not the tokens'.
+  c = cfgs.get_config(f'pdssm,{task},groups')
+  spec = st.task_spec(task)
+  table = np.asarray(st.group_table(spec.group))
+  gens = st.task_generators(task)
+  reg = _regular(table)[gens]
+  graphdef, init, _ = st_task.programs(st_task.classifier_config(c), False)
+  params = init(jax.random.key(0))
+  diagnose = st_task.group_diagnostic(c)
+  monkeypatch.setattr(st_task, 'token_maps', lambda model: reg)
+  res = diagnose(params)
+  assert res['faithful_relations'] == 1.0
+  assert res['block_distinct_elements'] == len(table)
+  # States beyond the number of cosets stay fixed.
+  orders = (3,) if task == 's3' else (2,)
+  e = st.group_identity(spec.group)
+  normal = [g for g in range(len(table)) if _order(table, g, e) in (1, *orders)]
+  assert len(normal) == (3 if task == 's3' else 4)  # A3 in S3, V4 in A4.
+  cosets = _cosets(table, normal)
+  assert len(cosets) == (2 if task == 's3' else 3)
+  n = len(table)
+  quot = np.tile(np.arange(n), (len(gens), 1))
+  for k, g in enumerate(gens):
+    for i, coset in enumerate(cosets):
+      quot[k, i] = _coset_of(cosets, int(table[coset[0], g]))
+  monkeypatch.setattr(st_task, 'token_maps', lambda model: quot)
+  res = diagnose(params)
+  assert res['block_homomorphism_frac'] == 1.0
+  assert res['faithful_relations'] == 0.0
+
+
+def _order(table, g, identity):
+  x, k = g, 1
+  while x != identity:
+    x, k = int(table[x, g]), k + 1
+  return k
+
+
+def _cosets(table, normal):
+  """Cosets of the normal subgroup with those element indices."""
+  cosets, seen = [], set()
+  for g in range(len(table)):
+    if g in seen:
+      continue
+    coset = sorted({int(table[h, g]) for h in normal})
+    seen.update(coset)
+    cosets.append(coset)
+  return cosets
+
+
+def _coset_of(cosets, g):
+  return next(i for i, c in enumerate(cosets) if g in c)

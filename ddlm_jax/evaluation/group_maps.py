@@ -92,7 +92,11 @@ def group_map_scores(
       for h_0 = 0, where the input writes into all of them).
 
   Returns:
-    {'bijective_frac', 'homomorphism_frac', 'orbit_size', 'distinct_maps'}.
+    {'bijective_frac', 'homomorphism_frac', 'orbit_size', 'distinct_maps',
+    'distinct_elements'} on the orbit of ``start`` and the same, prefixed
+    'block_', on the best closed block of states. The tokens are the
+    elements here, so distinct_elements is distinct_maps; a faithful action
+    has |G| of them.
   """
   maps = np.asarray(maps_GxN)
   if maps.ndim != 2 or not np.issubdtype(maps.dtype, np.integer):
@@ -108,6 +112,7 @@ def group_map_scores(
       ),
       'orbit_size': int(len(states)),
       'distinct_maps': _distinct(maps, states),
+      'distinct_elements': _distinct(maps, states),
     }
 
   return {**scores(orbit(maps, start)), **_best_block(maps, scores)}
@@ -125,9 +130,10 @@ def generator_map_scores(
   Each element g gets the map of its shortest word (breadth first from the
   identity, whose map is the identity); the relations are then the
   Cayley-graph edges g -> g * s that this spanning tree does not already
-  use: map(g) then map(s) must equal map(g * s). ``bijective_frac`` is
-  over the k token maps and the orbit is theirs, as in
-  ``group_map_scores``.
+  use: map(g) then map(s) must equal map(g * s). ``bijective_frac`` and
+  ``distinct_maps`` are over the k token maps and the orbit is theirs, as
+  in ``group_map_scores``; ``distinct_elements`` counts the elements'
+  maps (|G| where the action is faithful).
   """
   maps = np.asarray(gen_maps_KxN)
   gens = [int(g) for g in gens_K]
@@ -149,6 +155,7 @@ def generator_map_scores(
           tree.add((g, k))
           nxt.append(h)
     frontier = nxt
+  element_maps = np.stack([elem[g] for g in sorted(elem)])
 
   def scores(states):
     hits = [
@@ -162,6 +169,7 @@ def generator_map_scores(
       'homomorphism_frac': float(np.mean(hits)) if hits else 1.0,
       'orbit_size': int(len(states)),
       'distinct_maps': _distinct(maps, states),
+      'distinct_elements': _distinct(element_maps, states),
     }
 
   return {**scores(orbit(maps, start)), **_best_block(maps, scores)}
@@ -181,7 +189,12 @@ def _best_block(maps_GxN: np.ndarray, scores) -> dict:
     if not bijective_on(maps, states).all():
       continue
     got = scores(states)
-    rank = (got['homomorphism_frac'], got['distinct_maps'], -len(block))
+    rank = (
+      got['homomorphism_frac'],
+      got['distinct_elements'],
+      got['distinct_maps'],
+      -len(block),
+    )
     if key is None or rank > key:
       best, key = got, rank
   if best is None:  # No map keeps any orbit (none is a bijection).
@@ -189,11 +202,13 @@ def _best_block(maps_GxN: np.ndarray, scores) -> dict:
       'block_size': 0,
       'block_homomorphism_frac': 0.0,
       'block_distinct_maps': 0,
+      'block_distinct_elements': 0,
     }
   return {
     'block_size': best['orbit_size'],
     'block_homomorphism_frac': best['homomorphism_frac'],
     'block_distinct_maps': best['distinct_maps'],
+    'block_distinct_elements': best['distinct_elements'],
   }
 
 

@@ -22,7 +22,8 @@ mixers through ``classifier_config``.
 
 Group diagnostic: for a PD-SSM ('pdssm', 'pdssm_paper') on a group task,
 every validation record also carries ``bijective_frac``,
-``homomorphism_frac``, ``orbit_size`` and ``distinct_maps`` of the first
+``homomorphism_frac``, ``orbit_size``, ``distinct_maps`` and
+``distinct_elements`` of the first
 layer's hardened token maps on the orbit of h_0, and the same on the best
 closed block of states (``block_*``; ``ddlm_jax.evaluation.group_maps``),
 so a run that is building a permutation representation can be told from
@@ -803,7 +804,7 @@ def group_diagnostic(config):
       res = group_maps.generator_map_scores(
         maps, gens, table, st.group_identity(group), start
       )
-    faithful = res['block_distinct_maps'] == len(table)
+    faithful = res['block_distinct_elements'] == len(table)
     res['faithful_relations'] = res['block_homomorphism_frac'] * faithful
     return res
 
