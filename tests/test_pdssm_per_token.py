@@ -95,6 +95,15 @@ def test_blocks_that_take_token_ids():
   c.model.num_layers = 2
   model = sc.SequenceClassifier(st_task.classifier_config(c), rngs=nnx.Rngs(0))
   assert [sc._per_token_transitions(b) for b in model.blocks] == [True, True]
+  # The paper's layer (no Sinkhorn) keeps its per-position arithmetic,
+  # until a relaxed training step sets a temperature.
+  paper = cfgs.get_config('pdssm,parity,cpu_long')
+  paper = sc.SequenceClassifier(
+    st_task.classifier_config(paper), rngs=nnx.Rngs(0)
+  )
+  assert not sc._per_token_transitions(paper.blocks[0])
+  paper.blocks[0].mixer.relax_temperature = 0.5
+  assert sc._per_token_transitions(paper.blocks[0])
   plain = cfgs.get_config('complex_diag,s3,cpu')
   plain = sc.SequenceClassifier(
     st_task.classifier_config(plain), rngs=nnx.Rngs(0)

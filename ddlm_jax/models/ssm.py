@@ -572,6 +572,16 @@ class SSMMixer(nnx.Module):
     std = m_BxLxNxN.std(axis=-2, keepdims=True)
     return (m_BxLxNxN - mean) / (std + 1e-6)
 
+  @property
+  def uses_sinkhorn(self) -> bool:
+    """Whether P_t goes through a Sinkhorn (or an assignment) now: a
+    relaxed training step, or a Sinkhorn or matching hardening."""
+    return (
+      self.relax_temperature is not None
+      or self.harden_temperature is not None
+      or self.harden == 'matching'
+    )
+
   def transition_indices(self, u_BxLxD: jax.Array) -> jax.Array:
     """p_idx_BxLxN of the hardened P_t (pdssm only)."""
     return self._hard_indices(self.mixture(u_BxLxD))
