@@ -51,12 +51,16 @@ Presets:
           once one does both. Up to 2500 steps of 64 (A4 with all
           twelve elements: 4000 steps, one dictionary matrix per
           element, the hardmax forward from half of them on).
-          Measured 2026-12-05 (commit f5c1047, 2-core AMD EPYC, jax
-          0.10.2, other jobs running), train lengths 3-40, test 512
-          words of 40-256, best-validation params, seeds 0-4:
+          Measured 2026-12-05 (2-core AMD EPYC, jax 0.10.2, other jobs
+          running), train lengths 3-40, test 512 words of 40-256,
+          best-validation params, seeds 0-4:
             s3 (all six elements)   100.0% on every seed, 73-161 s
+                                    (commit f5c1047)
             a4 (all twelve)         100.0% on every seed, 79-227 s
-            a4_gen (two generators) see the claim records
+                                    (commit f5c1047)
+            a4_gen (two generators) 100.0% on every seed, 84-143 s,
+                                    stopped at step 750 or 1000
+                                    (commit d314756)
           One model per run (train.restarts=1), same code and day:
             s3  100 / 100 / 100 / 99.0 / 100%
             a4  98.6 / 100 / 23.1 / 100 / 100%: seed 0 a bijective
