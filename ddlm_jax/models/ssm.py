@@ -269,7 +269,7 @@ def _per_token(u_BxLxD: jax.Array, token_ids: tuple[jax.Array, int] | None):
   if token_ids is None:
     return u_BxLxD, lambda x: x
   ids_BxL, num_ids = token_ids
-  B, L, D = u_BxLxD.shape
+  D = u_BxLxD.shape[-1]
   flat_ids = ids_BxL.reshape(-1)
   total_VxD = jax.ops.segment_sum(
     u_BxLxD.reshape(-1, D), flat_ids, num_segments=num_ids

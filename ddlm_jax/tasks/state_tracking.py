@@ -23,11 +23,12 @@ mixers through ``classifier_config``.
 Group diagnostic: for a PD-SSM ('pdssm', 'pdssm_paper') on a group task,
 every validation record also carries ``bijective_frac``,
 ``homomorphism_frac``, ``orbit_size``, ``distinct_maps`` and
-``distinct_elements`` of the first
-layer's hardened token maps on the orbit of h_0, and the same on the best
-closed block of states (``block_*``; ``ddlm_jax.evaluation.group_maps``),
-so a run that is building a permutation representation can be told from
-one that is not.
+``distinct_elements`` of the first layer's hardened token maps on the orbit
+of h_0, the same on the best closed block of states (``block_*``;
+``ddlm_jax.evaluation.group_maps``), and ``faithful_relations`` (the
+block's relation fraction where its element maps are |G| distinct, else
+0), so a run that is building a permutation representation can be told
+from one that is not.
 
 Model selection: the task's after-eval hook keeps the parameters with the
 best validation accuracy in state.extra (validation uses the test lengths
@@ -37,9 +38,8 @@ on a separate stream), and the summary reports test accuracy of those
 Restarts (``train.restarts`` R > 1): R initialisations train side by side
 on the same batches (``training.restarts``). Each validation scores every
 replica and keeps the best by validation accuracy, then by
-``faithful_relations`` (the group diagnostic's relations on a closed block
-that carries |G| distinct maps, 0 otherwise): among replicas that fit the
-validation words, the one that represents the group. Early stopping then
+``faithful_relations``: among replicas that fit the validation words, the
+one that represents the group. Early stopping then
 also needs that replica's faithful_relations at 1, since a bijective
 automaton that is not a group action can reach 100% at validation lengths
 and still drift at longer ones.
