@@ -105,14 +105,15 @@ def group_map_scores(
     )
 
   def scores(states):
+    distinct = _distinct(maps, states)
     return {
       'bijective_frac': float(bijective_on(maps, states).mean()),
       'homomorphism_frac': float(
         homomorphism_hits(maps, table_GxG, states).mean()
       ),
       'orbit_size': int(len(states)),
-      'distinct_maps': _distinct(maps, states),
-      'distinct_elements': _distinct(maps, states),
+      'distinct_maps': distinct,
+      'distinct_elements': distinct,
     }
 
   return {**scores(orbit(maps, start)), **_best_block(maps, scores)}

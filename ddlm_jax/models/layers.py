@@ -260,9 +260,11 @@ class Block(nnx.Module):
       else None
     )
 
-  def _mix(self, h_BxLxD: jax.Array, mask_BxL: jax.Array | None):
+  def _mix(self, h_BxLxD: jax.Array, mask_BxL: jax.Array | None, **kw):
     mixer = getattr(self, self.mixer_name)
-    call = lambda u: mixer(u) if mask_BxL is None else mixer(u, mask_BxL)
+    call = lambda u: (
+      mixer(u, **kw) if mask_BxL is None else mixer(u, mask_BxL, **kw)
+    )
     if self.mixer_dtype is None:
       return call(h_BxLxD)
     return call(h_BxLxD.astype(self.mixer_dtype)).astype(h_BxLxD.dtype)
@@ -272,12 +274,14 @@ class Block(nnx.Module):
     x_BxLxD: jax.Array,
     c_BxC: jax.Array | None = None,
     mask_BxL: jax.Array | None = None,
+    **mixer_kwargs,
   ) -> jax.Array:
     """Block output; c_BxC is needed iff the block is time-conditioned.
 
-    mask_BxL (if given) is passed on to the mixer, as mixer(h, mask_BxL).
+    mask_BxL (if given) is passed on to the mixer, as mixer(h, mask_BxL),
+    and so are mixer_kwargs (e.g. an SSM mixer's token_ids).
     """
-    mix = lambda h: (self._mix(h, mask_BxL), None)
+    mix = lambda h: (self._mix(h, mask_BxL, **mixer_kwargs), None)
     return self.residual(x_BxLxD, c_BxC, mix)[0]
 
   def at(self, x_BxLxD: jax.Array, c_BxC, idx_BxN: jax.Array) -> jax.Array:

@@ -592,6 +592,17 @@ class SSMMixer(nnx.Module):
       return assignment_indices(self._sinkhorn_input(m_BxLxNxN))
     return column_argmax(self._hardening(m_BxLxNxN))
 
+  def _straight_through(self, m_BxLxNxN, soft_BxLxNxN) -> jax.Array:
+    """One-hot columns of the hardened P_t forward (soft - stop_gradient
+    (soft) is exactly 0), the gradient of soft backward."""
+    hard = jax.nn.one_hot(
+      self._hard_indices(m_BxLxNxN),
+      self.state_size,
+      axis=-2,
+      dtype=soft_BxLxNxN.dtype,
+    )
+    return hard + (soft_BxLxNxN - jax.lax.stop_gradient(soft_BxLxNxN))
+
   def inputs(self, u_BxLxD: jax.Array) -> jax.Array:
     """b_t = B u_t (complex), or dt_t * B u_t (selective_diag, real)."""
     b_re = u_BxLxD @ self.B_re[...]
@@ -659,25 +670,15 @@ class SSMMixer(nnx.Module):
       entropy = -jnp.sum(soft * jnp.log(jnp.maximum(soft, 1e-12)), -2)
       self._record('relax_entropy', jnp.mean(spread(entropy)))
       if self.relax_hard is not None:
-        # Straight-through: the forward is exactly the hardened P_t (soft -
-        # stop_gradient(soft) is 0), the backward that of the relaxation.
-        hard = jax.nn.one_hot(
-          self._hard_indices(m), N, axis=-2, dtype=soft.dtype
-        )
-        st = hard + (soft - jax.lax.stop_gradient(soft))
-        soft = jnp.where(self.relax_hard, st, soft)
+        # The hardened P_t forward, the relaxation's gradient backward.
+        soft = jnp.where(self.relax_hard, self._straight_through(m, soft), soft)
       soft = spread(soft)
     else:
       m = self.mixture(u_tr)
       soft = self._hardening(m)
       if self.harden == 'matching':
-        # pd_scan_st reads the column argmax of this: the matching's
-        # one-hot columns (soft - stop_gradient(soft) is 0), with the
-        # gradient of the straight-through surrogate.
-        hard = jax.nn.one_hot(
-          self._hard_indices(m), N, axis=-2, dtype=soft.dtype
-        )
-        soft = hard + (soft - jax.lax.stop_gradient(soft))
+        # pd_scan_st reads the column argmax of this: the matching.
+        soft = self._straight_through(m, soft)
       soft = spread(soft)
     if mask_BxL is not None:
       eye = jnp.eye(N, dtype=soft.dtype)
@@ -823,10 +824,8 @@ class SSMBlock(layers.Block):
     token_ids: tuple[jax.Array, int] | None = None,
   ) -> jax.Array:
     """token_ids: passed to the mixer (see ``SSMMixer.states``)."""
-    if token_ids is None:
-      return super().__call__(x_BxLxD, mask_BxL=mask_BxL)
-    mix = lambda h: (self.mixer(h, mask_BxL, token_ids), None)
-    return self.residual(x_BxLxD, None, mix)[0]
+    kw = {} if token_ids is None else {'token_ids': token_ids}
+    return super().__call__(x_BxLxD, mask_BxL=mask_BxL, **kw)
 
 
 class PostNormBlock(nnx.Module):
