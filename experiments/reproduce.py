@@ -49,6 +49,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from ddlm_jax.errors import ConfigError
+from ddlm_jax.training.metrics import read_metrics
 from experiments import claims as registry
 from experiments.claims import records, spec
 from experiments.claims import verdict as verdict_lib
@@ -148,6 +149,18 @@ def read_metric(summary: dict, key: str) -> float | None:
   return float(value)
 
 
+def chosen_validation(workdir: str, summary: dict) -> dict:
+  """The validation record of metrics.jsonl at the summary's best_step:
+  the evaluation that chose the parameters the test scored ({} if none)."""
+  step = summary.get('best_step')
+  rows = [
+    r
+    for r in read_metrics(workdir)
+    if r.get('split') == 'validation' and r.get('step') == step
+  ]
+  return rows[-1] if rows else {}  # The last: a resumed run may repeat it.
+
+
 def _finished(summary: dict | None, claim: spec.Claim) -> bool:
   return bool(summary) and read_metric(summary, claim.metric_key) is not None
 
@@ -212,6 +225,9 @@ def measure_arms(claim, seeds, budget, runs_dir, log=print) -> dict:
   out = {}
   for seed in seeds:
     for arm in claim.arms:  # Bases are listed before the arms they start.
+      reused = _finished(
+        _summary(workdir_of(claim, arm, seed, budget, runs_dir)), claim
+      )
       workdir = run_arm(claim, arm, seed, budget, runs_dir, log)
       summary = _summary(workdir)
       value = read_metric(summary, claim.metric_key) * claim.metric_scale
@@ -221,6 +237,13 @@ def measure_arms(claim, seeds, budget, runs_dir, log=print) -> dict:
       entry['seeds'].append(seed)
       entry['values'].append(value)
       entry['workdirs'].append(os.path.relpath(workdir, ROOT))
+      if reused:  # Trained by an earlier call, maybe at an earlier commit.
+        entry.setdefault('reused_seeds', []).append(seed)
+      if claim.details:
+        chosen = chosen_validation(workdir, summary)
+        details = entry.setdefault('details', {})
+        for key in claim.details:
+          details.setdefault(key, []).append(chosen.get(key))
       se = read_metric(summary, 'validation.bits_per_token_stderr')
       if se is not None and claim.metric_key.startswith('validation.'):
         entry.setdefault('stderr', []).append(se * claim.metric_scale)

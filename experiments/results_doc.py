@@ -314,6 +314,29 @@ def _evidence(claim: spec.Claim, rec: dict | None) -> list[str]:
       ent = _entropy_text(arm.get('entropy'))
       lines.append(f'| {name} | {vals} | {_num(st.mean)} +- {sd} | {ent} |')
     lines.append('')
+    lines.extend(_details_text(rec['arms']))
+  return lines
+
+
+def _details_text(arms: dict) -> list[str]:
+  """Per-seed facts of the runs beside the table: which were reused from an
+  earlier call, and the claim's ``details`` (diagnostics), one line each."""
+  lines = []
+  for name, arm in arms.items():
+    if arm.get('reused_seeds'):
+      seeds = ', '.join(map(str, arm['reused_seeds']))
+      lines.append(
+        f'- {name}, seeds {seeds}: runs an earlier call of reproduce '
+        'trained (reused; their workdirs hold the config they ran)'
+      )
+    for key, values in arm.get('details', {}).items():
+      per_seed = ', '.join(
+        f's{s}: {"-" if x is None else _num(x)}'
+        for s, x in zip(arm.get('seeds', ()), values)
+      )
+      lines.append(f'- {name}, {key} of the tested parameters: {per_seed}')
+  if lines:
+    lines.append('')
   return lines
 
 

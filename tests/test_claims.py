@@ -302,6 +302,46 @@ def test_a_record_without_values_is_refused(tmp_path):
     records.validate({**good, 'figures': ['/tmp/f.png']})
 
 
+def test_details_come_from_the_validation_that_chose_the_tested_params(
+  tmp_path,
+):
+  from experiments import reproduce, results_doc
+
+  rows = [
+    {'step': 3, 'split': 'validation', 'faithful_relations': 0.0},
+    {'step': 6, 'split': 'train', 'faithful_relations': 0.5},
+    {'step': 6, 'split': 'validation', 'faithful_relations': 0.25},
+    # A resumed run evaluates step 6 again: the later record counts.
+    {'step': 6, 'split': 'validation', 'faithful_relations': 1.0},
+  ]
+  (tmp_path / 'metrics.jsonl').write_text(
+    ''.join(json.dumps(r) + '\n' for r in rows)
+  )
+  chosen = reproduce.chosen_validation(str(tmp_path), {'best_step': 6})
+  assert chosen['faithful_relations'] == 1.0
+  assert reproduce.chosen_validation(str(tmp_path), {'best_step': 9}) == {}
+  arm = _arm([99.0, 50.0], details={'faithful_relations': [1.0, None]})
+  rec = {
+    'claim': 'x',
+    'source': 's',
+    'commit': 'c',
+    'date': 'd',
+    'host': {},
+    'command': 'c',
+    'arms': {'pdssm': arm},
+  }
+  records.validate(rec)
+  arm['reused_seeds'] = [1]
+  text = '\n'.join(results_doc._details_text(rec['arms']))
+  assert 'pdssm, seeds 1: runs an earlier call of reproduce trained' in text
+  assert 'faithful_relations of the tested parameters: s0: 1.0000, s1: -' in (
+    text
+  )
+  arm['details']['faithful_relations'].pop()
+  with pytest.raises(ValueError, match='one value per seed'):
+    records.validate(rec)
+
+
 def test_results_doc_is_generated_from_the_records():
   from experiments import results_doc
 
@@ -374,3 +414,8 @@ def test_reproduce_smoke_writes_a_record_and_reuses_finished_runs(tmp_path):
   assert again.returncode == 0
   assert 'finished, reused' in again.stdout
   assert len(list((tmp_path / 'records').iterdir())) == 2
+  first, second = (
+    json.loads(f.read_text()) for f in sorted((tmp_path / 'records').iterdir())
+  )
+  assert 'reused_seeds' not in first['arms']['quickstart']
+  assert second['arms']['quickstart']['reused_seeds'] == [0]

@@ -15,6 +15,7 @@ import pytest
 
 from ddlm_jax.tasks import state_tracking as st_task
 from ddlm_jax.training import restarts as restarts_lib
+from ddlm_jax.training.metrics import read_metrics
 from ddlm_jax.training.optimizer import make_optimizer
 from experiments.configs import state_tracking as cfgs
 
@@ -156,3 +157,14 @@ def test_restarts_train_resume_and_test_the_chosen_replica(tmp_path):
   res, _ = st_task.score_best(c, state)
   assert res['accuracy'] == full['test_accuracy']
   assert state.params['embed']['embedding'].shape[0] == 2
+  # The summary's group maps are those of the tested parameters: the same
+  # as the validation record that chose them.
+  rows = read_metrics(str(tmp_path / 'full'))
+  chosen = next(
+    r
+    for r in rows
+    if r.get('split') == 'validation' and r['step'] == full['best_step']
+  )
+  assert set(full['group_maps']) >= {'bijective_frac', 'faithful_relations'}
+  for key, value in full['group_maps'].items():
+    assert value == pytest.approx(chosen[key]), key

@@ -939,6 +939,14 @@ def final_test(config, result: FitResult, writer) -> dict:
     num_test=config.task.num_test,
     test_accuracy_by_length=accuracy_by_length(best['hit'], test['lengths']),
   )
+  diagnose = group_diagnostic(config)
+  if diagnose is not None:
+    # The tested parameters' maps: whether the accuracy above comes from a
+    # representation of the group (faithful_relations 1) or from an
+    # automaton that fits the words it was shown.
+    out['group_maps'] = {
+      k: float(v) for k, v in diagnose(best_params(state)).items()
+    }
   writer.write(result.step, 'test', {'accuracy': best['accuracy']})
   print(
     f'TEST accuracy {best["accuracy"]:.4f} (best-validation params; final '

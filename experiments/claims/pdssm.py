@@ -77,6 +77,11 @@ def _row(id_, model, label, task, paper_mean, paper_sd, preset, fraction):
   )
 
 
+# Whether a group run's tested maps are bijections and satisfy the group's
+# relations (see ddlm_jax.evaluation.group_maps), per seed.
+GROUP_DETAILS = ('bijective_frac', 'faithful_relations')
+
+
 def _group_claim(id_, task, table, solves, *, cost_minutes, pending=''):
   """A group word problem the groups preset must solve on every seed."""
   return Claim(
@@ -103,6 +108,7 @@ def _group_claim(id_, task, table, solves, *, cost_minutes, pending=''):
     command=f'{_REPRO} {id_}',
     cost_minutes=cost_minutes,
     pending=pending,
+    details=GROUP_DETAILS,
   )
 
 
@@ -215,6 +221,7 @@ CLAIMS = (
     command=f'{_REPRO} pdssm-a5',
     budget_fraction=PAPER1,  # The groups preset's 4000 steps of 64 on A5.
     cost_minutes=90,
+    details=GROUP_DETAILS,
   ),
   Claim(
     id='pdssm-s5',

@@ -56,6 +56,12 @@ def validate(record: dict[str, Any]) -> None:
         f'record {record["claim"]}: arm {name} has {len(values)} values for '
         f'{len(seeds)} seeds'
       )
+    for key, per_seed in arm.get('details', {}).items():
+      if seeds is None or len(per_seed) != len(seeds):
+        raise ValueError(
+          f'record {record["claim"]}: arm {name} detail {key} needs one '
+          f'value per seed ({len(seeds or ())}), has {len(per_seed)}'
+        )
 
 
 def measured(

@@ -211,6 +211,11 @@ class Claim:
     pending: why a CPU claim has no record yet (its runs are queued, with
       their cost); RESULTS lists it under "Not run" with this reason. A
       CPU claim without a record must say why here.
+    details: keys of each run's validation record that chose the tested
+      parameters (metrics.jsonl, the step summary.json calls best_step),
+      recorded per seed beside the metric: diagnostics the verdict does
+      not read but a reader needs, such as whether a state-tracking run
+      represents its group.
   """
 
   id: str
@@ -236,6 +241,7 @@ class Claim:
   cost_minutes: float = 0.0
   accelerator: bool = False
   pending: str = ''
+  details: tuple[str, ...] = ()
 
   def __post_init__(self):
     if self.protocol not in PROTOCOLS:
