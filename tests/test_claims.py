@@ -243,6 +243,21 @@ def test_every_claim_is_complete():
       assert os.path.exists(os.path.join(ROOT, cfg)), (claim.id, cfg)
 
 
+def test_group_baselines_train_as_long_as_the_groups_preset():
+  from experiments.claims import pdssm
+  from experiments.configs import state_tracking as st_cfgs
+
+  for task, steps in pdssm.GROUP_STEPS.items():
+    preset = st_cfgs.get_config(f'pdssm,{task},groups')
+    assert preset.train.num_steps == steps, task
+    for model in ('complex-diag', 'transformer'):
+      arm = registry.get(f'{model}-fails-{task}').arms[0]
+      overrides = dict(arm.overrides)
+      assert overrides['train.num_steps'] == steps
+      assert overrides['task.loss_on'] == preset.task.loss_on
+      assert overrides['task.curriculum_steps'] == preset.task.curriculum_steps
+
+
 def test_unknown_claim_names_the_closest():
   with pytest.raises(KeyError, match='quickstart-bound'):
     registry.get('quickstart-bund')

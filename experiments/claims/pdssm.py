@@ -112,6 +112,52 @@ def _group_claim(id_, task, table, solves, *, cost_minutes, pending=''):
   )
 
 
+# The groups preset's steps per group task; the baselines train as long.
+GROUP_STEPS = {'s3': 2500, 'a4': 4000}
+
+
+def _baseline_fails(model, label, task, table, pending=''):
+  """A baseline at the cpu sizes fails a non-abelian group task that the
+  groups preset solves, trained on the same words as PD-SSM: per-prefix
+  loss, length curriculum, the preset's steps. Nothing is tuned to make it
+  fail; a model whose transitions commute can track at most the group's
+  abelian quotient (S3: the sign, 1/3 of the elements' mass; A4: Z3)."""
+  slug = model.replace('_', '-')
+  return Claim(
+    id=f'{slug}-fails-{task}',
+    family='state tracking',
+    paper=_PAPER,
+    arxiv=_ARXIV,
+    table=f'group word problems (baselines, {table})',
+    statement=f'A {label} (2 layers, width 32) does not solve {table} '
+    '(<= 50% at test lengths 40-256) with the training PD-SSM solves it '
+    'with.',
+    paper_value='diagonal transitions commute: no non-abelian group',
+    metric='test accuracy %',
+    protocol=TARGET,
+    rule=Threshold(model, 50.0, '<='),
+    arms=(
+      Arm(
+        model,
+        f'{_ST}:{model},{task},cpu',
+        (
+          ('task.loss_on', 'prefix'),
+          ('task.curriculum_steps', 800),
+          ('train.num_steps', GROUP_STEPS[task]),
+          ('train.early_stop_accuracy', 1.0),
+        ),
+        smoke_config=f'{_ST}:{model},{task},smoke',
+        smoke_overrides=(('task.loss_on', 'prefix'),),
+      ),
+    ),
+    metric_key='test_accuracy',
+    metric_scale=100.0,
+    command=f'{_REPRO} {slug}-fails-{task}',
+    cost_minutes=20 if task == 's3' else 30,
+    pending=pending,
+  )
+
+
 CLAIMS = (
   _solves('parity', 'parity', '99.9 +- 0.1'),
   _solves('even_pairs', 'even pairs', '99.7 +- 0.3'),
@@ -298,6 +344,23 @@ CLAIMS = (
     'One PD-SSM layer with the groups preset (N = |G| = 12) solves A4 given '
     'by a 3-cycle and a double transposition',
     cost_minutes=35,
+  ),
+  *(
+    _baseline_fails(
+      model,
+      label,
+      task,
+      table,
+      pending='queued: 3 seeds of a few minutes each on 2 cores',
+    )
+    for task, table in (
+      ('s3', 'S3 with all six elements'),
+      ('a4', 'A4 with all twelve elements'),
+    )
+    for model, label in (
+      ('complex_diag', 'complex diagonal SSM'),
+      ('transformer', 'transformer'),
+    )
   ),
   Claim(
     id='hybrid-beats-transformer',
