@@ -327,7 +327,8 @@ def _details_text(arms: dict) -> list[str]:
       seeds = ', '.join(map(str, arm['reused_seeds']))
       lines.append(
         f'- {name}, seeds {seeds}: runs an earlier call of reproduce '
-        'trained (reused; their workdirs hold the config they ran)'
+        'trained and tested (reused here; their workdirs hold the config '
+        'they ran)'
       )
     for key, values in arm.get('details', {}).items():
       per_seed = ', '.join(
