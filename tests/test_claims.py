@@ -296,16 +296,21 @@ def test_committed_records_are_valid_and_every_verdict_is_computed():
       assert os.path.isfile(os.path.join(ROOT, figure)), (rec['claim'], figure)
 
 
-def test_a_record_without_values_is_refused(tmp_path):
-  bad = {
+def _full_record(arms):
+  """A record with every field ``records.validate`` requires."""
+  return {
     'claim': 'x',
     'source': 's',
     'commit': 'c',
     'date': 'd',
     'host': {},
     'command': 'c',
-    'arms': {'a': {'seeds': [0]}},
+    'arms': arms,
   }
+
+
+def test_a_record_without_values_is_refused(tmp_path):
+  bad = _full_record({'a': {'seeds': [0]}})
   with pytest.raises(ValueError, match='neither values nor a mean'):
     records.write(bad, 't', str(tmp_path))
   del bad['command']
@@ -336,15 +341,7 @@ def test_details_come_from_the_validation_that_chose_the_tested_params(
   assert chosen['faithful_relations'] == 1.0
   assert reproduce.chosen_validation(str(tmp_path), {'best_step': 9}) == {}
   arm = _arm([99.0, 50.0], details={'faithful_relations': [1.0, None]})
-  rec = {
-    'claim': 'x',
-    'source': 's',
-    'commit': 'c',
-    'date': 'd',
-    'host': {},
-    'command': 'c',
-    'arms': {'pdssm': arm},
-  }
+  rec = _full_record({'pdssm': arm})
   records.validate(rec)
   arm['reused_seeds'] = [1]
   text = '\n'.join(results_doc._details_text(rec['arms']))
