@@ -319,16 +319,17 @@ def _evidence(claim: spec.Claim, rec: dict | None) -> list[str]:
 
 
 def _details_text(arms: dict) -> list[str]:
-  """Per-seed facts of the runs beside the table: which were reused from an
-  earlier call, and the claim's ``details`` (diagnostics), one line each."""
+  """Per-seed facts of the runs beside the table: which had finished
+  before the call that wrote the record, and the claim's ``details``
+  (diagnostics), one line each."""
   lines = []
   for name, arm in arms.items():
     if arm.get('reused_seeds'):
       seeds = ', '.join(map(str, arm['reused_seeds']))
       lines.append(
-        f'- {name}, seeds {seeds}: runs an earlier call of reproduce '
-        'trained and tested (reused here; their workdirs hold the config '
-        'they ran)'
+        f'- {name}, seeds {seeds}: finished before this call, in the '
+        'workdirs of the same config and overrides (reused here; each '
+        'holds the config it ran)'
       )
     for key, values in arm.get('details', {}).items():
       per_seed = ', '.join(

@@ -345,10 +345,7 @@ def test_details_come_from_the_validation_that_chose_the_tested_params(
   records.validate(rec)
   arm['reused_seeds'] = [1]
   text = '\n'.join(results_doc._details_text(rec['arms']))
-  assert (
-    'pdssm, seeds 1: runs an earlier call of reproduce trained and tested'
-    in text
-  )
+  assert 'pdssm, seeds 1: finished before this call' in text
   assert 'faithful_relations of the tested parameters: s0: 1.0000, s1: -' in (
     text
   )
