@@ -19,27 +19,14 @@ step, so the curves follow the kept restart, not one initialisation.
 
 from __future__ import annotations
 
+import argparse
 import os
-
-from absl import app, flags
 
 from ddlm_jax.training.metrics import read_metrics
 from experiments import claims as registry
 from experiments.claims import records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CLAIMS = flags.DEFINE_list(
-  'claims',
-  ['pdssm-s3-all-six', 'pdssm-a4-all-twelve', 'pdssm-a5'],
-  'Claim ids whose newest record lists the runs to draw.',
-)
-_OUT = flags.DEFINE_string(
-  'out', 'docs/images/pdssm_groups_curves.png', 'The figure (PNG).'
-)
-_RECORDS = flags.DEFINE_string(
-  'records_dir', records.RECORDS_DIR, 'Where the claim records are.'
-)
-
 PANELS = (
   ('accuracy', 'accuracy (%)'),
   ('bijective_frac', 'bijective maps (fraction)'),
@@ -123,17 +110,38 @@ def plot(curves: dict[str, dict[int, dict]], path: str) -> str:
   return path
 
 
-def main(argv) -> None:
-  del argv
+def parse(argv=None) -> argparse.Namespace:
+  # argparse, not absl flags: absl's flag names are global to the process,
+  # and other experiment modules (imported beside this one in tests) define
+  # --out too.
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument(
+    '--claims',
+    default='pdssm-s3-all-six,pdssm-a4-all-twelve,pdssm-a5',
+    help='Comma-separated claim ids whose newest record lists the runs.',
+  )
+  p.add_argument(
+    '--out', default='docs/images/pdssm_groups_curves.png', help='The PNG.'
+  )
+  p.add_argument(
+    '--records_dir',
+    default=records.RECORDS_DIR,
+    help='Where the claim records are.',
+  )
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+  args = parse(argv)
   curves = {
     claim_id: {
       seed: run_curves(workdir)
-      for seed, workdir in claim_runs(claim_id, _RECORDS.value)
+      for seed, workdir in claim_runs(claim_id, args.records_dir)
     }
-    for claim_id in _CLAIMS.value
+    for claim_id in args.claims.split(',')
   }
-  print(plot(curves, _OUT.value))
+  print(plot(curves, args.out))
 
 
 if __name__ == '__main__':
-  app.run(main)
+  main()

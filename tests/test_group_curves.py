@@ -72,6 +72,23 @@ def test_claim_runs_come_from_the_newest_record_and_are_drawn(tmp_path):
   records.write(record, 't', str(tmp_path / 'records'))
   runs = group_curves.claim_runs('pdssm-a5', str(tmp_path / 'records'))
   assert runs == [(0, str(tmp_path / 'runs' / 's0'))]
-  curves = {'pdssm-a5': {0: group_curves.run_curves(runs[0][1])}}
-  out = group_curves.plot(curves, str(tmp_path / 'fig.png'))
-  assert (tmp_path / 'fig.png').stat().st_size > 1000 and out.endswith('.png')
+  group_curves.main(
+    [
+      '--claims=pdssm-a5',
+      f'--records_dir={tmp_path / "records"}',
+      f'--out={tmp_path / "fig.png"}',
+    ]
+  )
+  assert (tmp_path / 'fig.png').stat().st_size > 1000
+
+
+def test_imports_beside_the_other_experiment_drivers():
+  # Its options are its own: absl flags are global to the process, and the
+  # state-tracking sweep defines --out as well (tests import both).
+  import importlib
+
+  from experiments import sweep_state_tracking
+
+  importlib.reload(group_curves)
+  assert sweep_state_tracking.run_dir('o', 'm', 't', 0)
+  assert group_curves.parse(['--out=x.png']).out == 'x.png'

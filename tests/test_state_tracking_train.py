@@ -191,7 +191,13 @@ def test_every_config_builds_and_matches_the_registries():
           assert kwargs['initial_state'] == want, (preset, model)
         else:
           assert 'initial_state' not in kwargs
-        assert (ccfg.vocab_size, ccfg.num_classes) == st.task_info(task)
+        # A config's tokens: every element, or its num_generators (the
+        # groups preset gives A5 the paper's 8 generators).
+        k = c.task.num_generators or None
+        assert (ccfg.vocab_size, ccfg.num_classes) == st.task_info(
+          task, num_generators=k
+        ), (model, task, preset)
+  assert cfgs.get_config('pdssm,a5,groups').task.num_generators == 8
   paper = cfgs.get_config('pdssm,parity')
   assert (paper.model.d_model, paper.model.state_size) == (128, 128)
   assert (paper.model.num_dict, paper.model.num_layers) == (8, 2)
