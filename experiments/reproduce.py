@@ -15,6 +15,12 @@ end-of-run samples (``sample.num_samples=0``): they are not part of the
 metric, and their scorer run need not exist.
 Claims checked by an exact test run that test with pytest.
 
+A timing claim (``Claim.benchmark``) trains nothing: its benchmark command
+runs in fresh processes, one after another (each writes its result as
+JSON to RUNS_DIR/BUDGET/bench/KEY/pN.json, reused like a finished run, so
+claims timing the same command share its processes), and the claim's
+number is read from each. Time on an otherwise idle host.
+
 A sample-quality claim (``Claim.samplings``) trains its arms the same way
 (without end-of-run samples) and its scorer, the AR twin, once (seed 0);
 then for each training seed S every sampling arm draws from the seed-S
@@ -30,7 +36,7 @@ date, host: CPU model and flags, jax/flax versions; seeds; this command;
 its wall time).
 ``--budget=smoke`` shrinks every arm to its ``smoke`` preset: a test of the
 machinery whose verdict is always 'inconclusive at this budget'.
-Claims measured by a sweep or a benchmark (no arms) print their command.
+Claims measured by a sweep (no arms, no benchmark) print their command.
 """
 
 from __future__ import annotations
@@ -282,6 +288,56 @@ def measure_samplings(claim, seeds, budget, runs_dir, log=print) -> dict:
   )
 
 
+def bench_dir(bench: spec.Benchmark, budget: str, runs_dir: str) -> str:
+  """RUNS_DIR/BUDGET/bench/KEY: the processes of one benchmark command."""
+  command = bench.command(budget)
+  digest = hashlib.sha256(command.encode()).hexdigest()[:8]
+  name = bench.module.rsplit('.', 1)[-1]
+  return os.path.join(runs_dir, budget, 'bench', f'{name}-{digest}')
+
+
+def measure_benchmark(claim, budget, runs_dir, log=print) -> dict:
+  """{'arms', 'notes', 'seeds'}: the claim's number from each process.
+
+  Each process is ``claim.benchmark``'s command with its JSON path; a
+  finished one (its JSON exists) is reused, as a finished run is.
+  """
+  bench = claim.benchmark
+  out_dir = bench_dir(bench, budget, runs_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  values, reused, loads = [], [], []
+  for i in range(bench.processes):
+    path = os.path.join(out_dir, f'p{i}.json')
+    if os.path.exists(path):
+      log(f'  process {i}: finished, reused ({path})')
+      reused.append(i)
+    else:
+      loads.append(round(os.getloadavg()[0], 2))
+      partial = f'{path}.partial'
+      cmd = [sys.executable, '-m', bench.module, *bench.args_for(budget)]
+      cmd.append(f'{bench.json_flag}={partial}')
+      log(f'  process {i}: {shlex.join(cmd[1:])}')
+      rc = subprocess.run(cmd, cwd=ROOT).returncode
+      if rc != 0 or not os.path.exists(partial):
+        raise RuntimeError(
+          f'{claim.id}: process {i} of {bench.module} failed (exit {rc}); '
+          'its log is above; run the same command again to retry it'
+        )
+      os.replace(partial, path)
+    with open(path) as f:
+      values.append(float(bench.value(json.load(f))))
+  arm = {'seeds': list(range(bench.processes)), 'values': values}
+  if reused:  # Timed by an earlier call, maybe at an earlier commit.
+    arm['reused_seeds'] = reused
+  notes = (
+    f'{bench.processes} fresh processes of `{bench.command(budget)}`, one '
+    f'after another, each writing {bench.json_flag}=PATH under '
+    f'{os.path.relpath(out_dir, ROOT)}; 1-minute load average before each '
+    f'process timed here: {loads}.'
+  )
+  return {'arms': {bench.arm: arm}, 'notes': notes, 'seeds': arm['seeds']}
+
+
 def run_exact_test(claim: spec.Claim, log=print) -> dict:
   """Runs the claim's test file; it passes only if every test in it ran.
 
@@ -337,6 +393,9 @@ def reproduce(
   if isinstance(claim.rule, verdict_lib.ExactTest):
     record['exact_test'] = run_exact_test(claim, log)
     record['seeds'] = []
+  elif claim.benchmark:
+    got = measure_benchmark(claim, budget, runs_dir, log)
+    record.update(got, seed_kind=spec.PROCESSES)
   elif claim.samplings:
     from experiments.benchmarks import matched_sampling
 
@@ -377,6 +436,11 @@ def main(argv=None) -> int:
     except KeyError as e:
       raise UsageError(e.args[0]) from None
     seeds = parse_seeds(args.seeds, claim)
+    if claim.benchmark and args.seeds:
+      raise UsageError(
+        f'{claim.id} times code that trains nothing in '
+        f'{claim.benchmark.processes} fresh processes; drop --seeds'
+      )
     if claim.samplings:
       from experiments.benchmarks import matched_sampling
 
@@ -385,7 +449,7 @@ def main(argv=None) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 2
   exact = isinstance(claim.rule, verdict_lib.ExactTest)
-  if not claim.arms and not exact:
+  if not claim.arms and not exact and not claim.benchmark:
     print(
       f'{claim.id} is measured by a sweep or a benchmark, not by training '
       f'arms; its command:\n  {claim.command}\nIts record in '

@@ -44,7 +44,10 @@ python -m experiments.reproduce --list     # every claim, its verdict, its cost
 exact test of it passes. *partial*: the mean points the claim's way, but
 too few training seeds, a seed against it, a difference inside the noise,
 or an unmatched protocol keep it from settling; sampling seeds of one
-model and repeated timing rounds never count as training seeds. *miss*:
+model and repeated timing rounds never count as training seeds. A timing
+claim on code that trains nothing (random weights, random data) counts
+fresh processes instead: its benchmark runs in at least 3, one after
+another on an otherwise idle host, and must meet the target in each. *miss*:
 the measurement points against the claim. *inconclusive at this budget*:
 it points against the claim, but our training budget is below 1% of the
 paper's, which cannot settle it either way. *not run*: no record.

@@ -1,4 +1,4 @@
-"""The benchmark scripts run at tiny sizes and report what issue 18 asks.
+"""The benchmark scripts run at tiny sizes and report what they promise.
 
 Timings of tiny programs on a shared CPU are noise, so these tests check
 structure (every field present, finite, positive where it must be) and the

@@ -14,13 +14,15 @@ other processes favours neither, after compiling both. Without --workdir
 the network is a random-init block-diffusion Transformer (width 128, 4
 layers, 4 heads, V = 85, the quickstart's shape; the zero-init head is
 randomised so predictions are not uniform). Prints one JSON line per
-length with tokens/s, NFE and the cached/uncached speedup.
+length with tokens/s, NFE and the cached/uncached speedup; --json=PATH
+also writes the lines as one JSON list.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import jax
@@ -63,7 +65,7 @@ def load_model(workdir):
   return run.graphdef, run.eval_params(), run.process
 
 
-def main():
+def main(argv=None) -> list[dict]:
   keep_freed_memory()  # ddlm_jax.parallel.host_memory
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--workdir', default='')
@@ -76,12 +78,17 @@ def main():
   p.add_argument('--width', type=int, default=128)
   p.add_argument('--depth', type=int, default=4)
   p.add_argument('--heads', type=int, default=4)
-  args = p.parse_args()
+  p.add_argument('--json', default='', help='also write the rows here')
+  args = p.parse_args(argv)
+  lengths = [int(x) for x in args.lengths.split(',') if x]
+  if not lengths or min(lengths) < 1 or args.repeats < 1:
+    p.error('--lengths needs positive integers and --repeats must be >= 1')
   if args.workdir:
     graphdef, params, process = load_model(args.workdir)
   else:
     graphdef, params, process = random_model(args)
-  for length in [int(x) for x in args.lengths.split(',') if x]:
+  rows = []
+  for length in lengths:
     fns = {}
     for cached in (True, False):
       sampler = BlockSampler(
@@ -106,24 +113,27 @@ def main():
       outs[cached] = (np.asarray(tokens), int(nfe))
     same = bool(np.array_equal(outs[True][0], outs[False][0]))
     tokens = args.batch * length
-    print(
-      json.dumps(
-        {
-          'length': length,
-          'block': process.block_size,
-          'inner_steps': args.inner_steps,
-          'batch': args.batch,
-          'nfe': outs[True][1],
-          'same_tokens': same,
-          'cached_seconds': best[True],
-          'uncached_seconds': best[False],
-          'cached_tokens_per_sec': tokens / best[True],
-          'uncached_tokens_per_sec': tokens / best[False],
-          'speedup': best[False] / best[True],
-        }
-      ),
-      flush=True,
+    rows.append(
+      {
+        'length': length,
+        'block': process.block_size,
+        'inner_steps': args.inner_steps,
+        'batch': args.batch,
+        'nfe': outs[True][1],
+        'same_tokens': same,
+        'cached_seconds': best[True],
+        'uncached_seconds': best[False],
+        'cached_tokens_per_sec': tokens / best[True],
+        'uncached_tokens_per_sec': tokens / best[False],
+        'speedup': best[False] / best[True],
+        'load_average': os.getloadavg()[0],
+      }
     )
+    print(json.dumps(rows[-1]), flush=True)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(rows, f, indent=2)
+  return rows
 
 
 if __name__ == '__main__':

@@ -3,18 +3,84 @@
 These are not paper claims; each names the target the project set itself
 and, where one exists, the paper whose method sets the baseline (md4's
 sampler loop).
+
+The timing claims run their benchmark in three fresh processes, one after
+another (``experiments.reproduce``, ``spec.Benchmark``); the functions
+below read each claim's number from one process's JSON result.
 """
+
+import functools
 
 from experiments.claims.spec import (
   NAMED_BASELINE,
   TARGET,
   Arm,
+  Benchmark,
   Claim,
 )
 from experiments.claims.verdict import Threshold
 
 QUICKSTART = 'experiments/configs/quickstart.py'
 _REPRO = 'python -m experiments.reproduce'
+
+
+def mfu_percent(result: dict) -> float:
+  """train_step's MFU of its one variant, in percent."""
+  (variant,) = result['variants']
+  return 100.0 * variant['mfu']
+
+
+def cached_vs_md4(rows: list[dict], steps: int) -> float:
+  """samplers: the cached sampler's speed-up over md4's loop at T."""
+  (row,) = [
+    r for r in rows if r['sampler'] == 'ancestral_cached' and r['T'] == steps
+  ]
+  return row['speedup_vs_md4_loop']
+
+
+def associative_at_long(result: dict, min_length: int = 1024) -> float:
+  """scan_bench: the smallest sequential / associative time ratio over
+  the shapes with L >= min_length ("no slower" must hold at each)."""
+  ratios = [
+    r['sequential_over_associative']
+    for r in result['linear']
+    if r['L'] >= min_length
+  ]
+  if not ratios:
+    raise ValueError(f'scan_bench timed no length >= {min_length}')
+  return min(ratios)
+
+
+def dense_over_pd(result: dict, width: int = 64) -> float:
+  """scan_bench: dense-transition scan time / PD scan time at N."""
+  (row,) = [r for r in result['pd'] if r['N'] == width]
+  return row['dense_over_pd']
+
+
+_SCANS = dict(
+  module='pallas_kernels.benchmarks.scan_bench',
+  args=('--no-kernel',),
+  smoke_args=(
+    '--lengths=1024', '--widths=16', '--no-kernel', '--repeats=1',
+    '--batch=1', '--pd_widths=64',
+  ),
+)  # fmt: skip
+
+
+def _samplers(steps: int) -> Benchmark:
+  """The sampler benchmark at T = 256 and 1024, read at `steps`."""
+  return Benchmark(
+    'experiments.benchmarks.samplers',
+    ('--steps=256,1024', '--repeats=5', '--fixed='),
+    'cached',
+    functools.partial(cached_vs_md4, steps=steps),
+    json_flag='--out',
+    smoke_args=(
+      '--steps=256,1024', '--repeats=1', '--fixed=', '--length=16',
+      '--batch=1', '--width=32', '--depth=1', '--heads=2',
+    ),
+  )  # fmt: skip
+
 
 CLAIMS = (
   Claim(
@@ -85,10 +151,14 @@ CLAIMS = (
     metric='MFU, % of the float32 matmul peak',
     protocol=TARGET,
     rule=Threshold('step', 60.0, '>='),
-    command=(
-      'python -m experiments.benchmarks.train_step --time_conditioning '
-      '--mlp_dim=704 --repeats=10'
+    benchmark=Benchmark(
+      'experiments.benchmarks.train_step',
+      ('--time_conditioning', '--mlp_dim=704', '--repeats=10'),
+      'step',
+      mfu_percent,
+      smoke_args=('--tiny', '--repeats=1', '--warmup=0', '--peak_n=256'),
     ),
+    command=f'{_REPRO} train-step-mfu',
     cost_minutes=5,
   ),
   Claim(
@@ -105,10 +175,8 @@ CLAIMS = (
     metric="speed-up over md4's loop (x)",
     protocol=NAMED_BASELINE,
     rule=Threshold('cached', 2.0, '>='),
-    command=(
-      'python -m experiments.benchmarks.samplers --steps=256,1024 '
-      "--repeats=5 --fixed=''"
-    ),
+    benchmark=_samplers(256),
+    command=f'{_REPRO} sampler-speed-vs-md4-256',
     cost_minutes=10,
   ),
   Claim(
@@ -124,10 +192,8 @@ CLAIMS = (
     metric="speed-up over md4's loop (x)",
     protocol=NAMED_BASELINE,
     rule=Threshold('cached', 3.5, '>='),
-    command=(
-      'python -m experiments.benchmarks.samplers --steps=256,1024 '
-      "--repeats=5 --fixed=''"
-    ),
+    benchmark=_samplers(1024),
+    command=f'{_REPRO} sampler-speed-vs-md4-1024',
     cost_minutes=10,
   ),
   Claim(
@@ -144,7 +210,8 @@ CLAIMS = (
     metric='sequential time / associative time',
     protocol=TARGET,
     rule=Threshold('assoc', 1.0, '>='),
-    command='python -m pallas_kernels.benchmarks.scan_bench',
+    benchmark=Benchmark(arm='assoc', value=associative_at_long, **_SCANS),
+    command=f'{_REPRO} scan-associative-vs-sequential',
     cost_minutes=5,
   ),
   Claim(
@@ -161,7 +228,8 @@ CLAIMS = (
     metric='dense time / PD time (x)',
     protocol=TARGET,
     rule=Threshold('pd', 20.0, '>='),
-    command='python -m pallas_kernels.benchmarks.scan_bench',
+    benchmark=Benchmark(arm='pd', value=dense_over_pd, **_SCANS),
+    command=f'{_REPRO} pd-scan-vs-dense',
     cost_minutes=5,
   ),
   Claim(

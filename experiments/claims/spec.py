@@ -10,6 +10,8 @@ computed from a record (``records``) by the claim's rule.
 from __future__ import annotations
 
 import dataclasses
+import shlex
+from collections.abc import Callable
 from typing import Any
 
 # The comparison protocols a claim can name (what makes two arms
@@ -40,7 +42,11 @@ PROTOCOLS = (
 TRAINING = 'training'
 SAMPLING = 'sampling'
 ROUNDS = 'rounds'
-SEED_KINDS = (TRAINING, SAMPLING, ROUNDS)
+# Fresh processes timing code that trains nothing (random weights, random
+# data): the replicate of a speed claim, as a training seed is of a
+# training claim. Only a claim with a `Benchmark` records them.
+PROCESSES = 'processes'
+SEED_KINDS = (TRAINING, SAMPLING, ROUNDS, PROCESSES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,6 +181,36 @@ SCORER_SEED = 0
 
 
 @dataclasses.dataclass(frozen=True)
+class Benchmark:
+  """How ``experiments.reproduce`` measures a timing claim.
+
+  ``python -m MODULE ARGS JSON_FLAG=PATH`` runs in ``processes`` fresh
+  processes, one after another on an otherwise idle host; ``value`` reads
+  the claim's number from the JSON each writes. The model and data are
+  random, so nothing is trained and each process is one replicate
+  (``PROCESSES``). Claims timing the same command share its processes.
+  ``smoke_args`` replace ``args`` at the test-only smoke budget.
+  """
+
+  module: str
+  args: tuple[str, ...]
+  arm: str
+  value: Callable[[Any], float]
+  json_flag: str = '--json'
+  processes: int = 3
+  smoke_args: tuple[str, ...] | None = None
+
+  def args_for(self, budget: str) -> tuple[str, ...]:
+    if budget == 'smoke' and self.smoke_args is not None:
+      return self.smoke_args
+    return self.args
+
+  def command(self, budget: str = 'cpu') -> str:
+    """The command of one process, without its JSON path."""
+    return shlex.join(('python', '-m', self.module, *self.args_for(budget)))
+
+
+@dataclasses.dataclass(frozen=True)
 class Claim:
   """One paper claim and how this suite checks it.
 
@@ -190,7 +226,9 @@ class Claim:
     protocol: one of ``PROTOCOLS``.
     rule: a rule of ``verdict`` that turns a record into a verdict.
     arms: the runs ``experiments.reproduce`` trains (empty: the claim is
-      measured by the command below, not by ``experiments.run`` arms).
+      measured by its benchmark, or by the command below).
+    benchmark: the timing command ``experiments.reproduce`` runs for a
+      claim that trains nothing (then ``arms`` is empty).
     samplings: sample-quality arms drawn from the trained ``arms`` (the
       record's arms are then these, at matched entropy, not the bounds).
     scorer: the AR run that scores the samplings (trained once, seed
@@ -231,6 +269,7 @@ class Claim:
   arms: tuple[Arm, ...] = ()
   samplings: tuple[Sampling, ...] = ()
   scorer: Arm | None = None
+  benchmark: Benchmark | None = None
   metric_key: str = 'validation.bits_per_token'
   metric_scale: float = 1.0
   seeds: tuple[int, ...] = (0, 1, 2)
@@ -257,6 +296,11 @@ class Claim:
           f'claim {self.id}: arm {arm.name} starts from unknown arm '
           f'{arm.init_from!r}'
         )
+    if self.benchmark and (self.arms or self.accelerator):
+      raise ValueError(
+        f'claim {self.id}: a benchmark claim times code on this host; it '
+        'trains no arms and needs no accelerator'
+      )
     if not self.samplings:
       return
     draws = [s.name for s in self.samplings]

@@ -8,7 +8,8 @@ synthetic records.
 The verdicts:
   reproduced   the claim holds on >= ``min_seeds`` training seeds (each
                seed, and the mean by more than twice its standard error),
-               or an exact test of it passes;
+               or an exact test of it passes; a timing claim on code that
+               trains nothing counts fresh processes instead of seeds;
   partial      the mean points the claim's way, but too few training
                seeds, a seed against it, a difference inside the noise, or
                an unmatched protocol (sample entropy) keeps it from
@@ -150,11 +151,27 @@ def stats(arm: Mapping[str, Any]) -> Stats:
   return Stats(None, float(arm['mean']), None if sd is None else float(sd), n)
 
 
+# Seed kinds whose values are independent replicates: training seeds, and
+# fresh processes timing code that trains nothing (experiments.claims.spec).
+_REPLICATES = {'training': 'training seeds', 'processes': 'fresh processes'}
+
+
+def _replicates(kind: str, n: int) -> int:
+  """How many of `n` values count towards min_seeds for this seed kind."""
+  return n if kind in _REPLICATES else 0
+
+
+def _unit(kind: str, n: int = 2) -> str:
+  """'training seeds' / 'fresh process' and so on, for `n` of them."""
+  plural = _REPLICATES.get(kind, 'training seeds')
+  if n != 1:
+    return plural
+  return plural[:-2] if plural.endswith('sses') else plural[:-1]
+
+
 def _training_seeds(record: Mapping[str, Any], st: Stats) -> int:
-  """How many of the arm's numbers come from distinct training seeds."""
-  if record.get('seed_kind', 'training') != 'training':
-    return 0
-  return st.n
+  """How many of the arm's numbers are replicates (``_REPLICATES``)."""
+  return _replicates(record.get('seed_kind', 'training'), st.n)
 
 
 def _single_se(arm: Mapping[str, Any]) -> float | None:
@@ -170,9 +187,9 @@ def _single_se(arm: Mapping[str, Any]) -> float | None:
 def _few(n: int, need: int, kind: str) -> str:
   if kind == 'sampling':
     return 'sampling seeds of one model, not training seeds'
-  if kind != 'training':
+  if kind not in _REPLICATES:
     return f'{kind}, not training seeds'
-  return f'{n} training seed(s), {need} needed'
+  return f'{n} {_unit(kind, n)}, {need} needed'
 
 
 def threshold(rule: Threshold, record: Mapping[str, Any]) -> Verdict:
@@ -190,7 +207,7 @@ def threshold(rule: Threshold, record: Mapping[str, Any]) -> Verdict:
     met = sum(ok(v) for v in st.values)
     if met < len(st.values):
       return Verdict(PARTIAL, f'{text}: met on {met} of {st.n} values')
-    every = f'met on all {n} training seeds'
+    every = f'met on all {n} {_unit(kind)}'
   else:
     # A summary only: the mean must clear the target by two standard errors.
     se = st.se
@@ -201,7 +218,7 @@ def threshold(rule: Threshold, record: Mapping[str, Any]) -> Verdict:
     )
     if margin is None or not ok(margin):
       return Verdict(PARTIAL, f'{text}: met by the mean, not by 2 se')
-    every = f'met by the mean - 2 se over {n} training seeds'
+    every = f'met by the mean - 2 se over {n} {_unit(kind)}'
   if n < rule.min_seeds:
     return Verdict(PARTIAL, f'{text}: met, but {_few(n, rule.min_seeds, kind)}')
   return Verdict(REPRODUCED, f'{text}: {every}')
@@ -246,7 +263,7 @@ def compare(rule: Compare, record: Mapping[str, Any]) -> Verdict:
     if sea is not None and seb is not None:
       se = math.sqrt(sea**2 + seb**2)
   kind = record.get('seed_kind', 'training')
-  n_train = n if kind == 'training' else 0
+  n_train = _replicates(kind, n)
   text = f'{rule.arm} vs {rule.baseline}: gain {gain:+.4g}'
   text += f' (se {se:.2g})' if se is not None else ' (spread unknown)'
   if gain <= rule.min_effect:
@@ -272,7 +289,7 @@ def compare(rule: Compare, record: Mapping[str, Any]) -> Verdict:
   if caps:
     return Verdict(PARTIAL, f'{text}: ' + '; '.join(caps))
   how = 'on every seed' if paired else 'in the means'
-  return Verdict(REPRODUCED, f'{text}: {how}, > 2 se, {n} training seeds')
+  return Verdict(REPRODUCED, f'{text}: {how}, > 2 se, {n} {_unit(kind)}')
 
 
 def match(rule: Match, record: Mapping[str, Any]) -> Verdict:
@@ -297,7 +314,8 @@ def match(rule: Match, record: Mapping[str, Any]) -> Verdict:
   if n < rule.min_seeds:
     kind = record.get('seed_kind', 'training')
     return Verdict(PARTIAL, f'{text}: {_few(n, rule.min_seeds, kind)}')
-  return Verdict(REPRODUCED, f'{text}: within, {n} training seeds')
+  unit = _unit(record.get('seed_kind', 'training'))
+  return Verdict(REPRODUCED, f'{text}: within, {n} {unit}')
 
 
 def ordering(rule: Ordering, record: Mapping[str, Any]) -> Verdict:
@@ -320,12 +338,10 @@ def ordering(rule: Ordering, record: Mapping[str, Any]) -> Verdict:
   good = sum(all(x < y for x, y in zip(r, r[1:])) for r in rows)
   if good < len(rows):
     return Verdict(PARTIAL, f'{text}: in order on {good} of {len(rows)}')
-  n_train = len(rows) if kind == 'training' else 0
+  n_train = _replicates(kind, len(rows))
   if n_train < rule.min_seeds:
     return Verdict(PARTIAL, f'{text}: {_few(n_train, rule.min_seeds, kind)}')
-  return Verdict(
-    REPRODUCED, f'{text}: in order on all {n_train} training seeds'
-  )
+  return Verdict(REPRODUCED, f'{text}: in order on all {n_train} {_unit(kind)}')
 
 
 def exact(rule: ExactTest, record: Mapping[str, Any]) -> Verdict:

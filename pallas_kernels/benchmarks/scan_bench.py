@@ -6,12 +6,15 @@ so its time measures the interpreter, not a TPU).
 Table 2: PD scan vs a dense-transition scan whose combine is an N x N matrix
 product, both associative, plus the sequential versions.
 
-Run: python -m pallas_kernels.benchmarks.scan_bench
+Run: python -m pallas_kernels.benchmarks.scan_bench [--no-kernel] [--json=PATH]
+(--json also writes both tables' numbers).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -58,31 +61,46 @@ def _pd_to_dense(p, d):
   return onehot * d[..., None, :]
 
 
-def linear_table(lengths, widths, batch, repeats, with_kernel):
+def linear_rows(lengths, widths, batch, repeats, with_kernel) -> list[dict]:
+  """Median ms of each diagonal-scan implementation, one row per (L, N)."""
   rng = np.random.default_rng(0)
   rows = []
   # The compiled kernel on an accelerator, interpret mode on CPU.
   kernel = 'interpret' if jax.default_backend() == 'cpu' else 'pallas'
-  impls = ['reference', 'xla'] + ([kernel] if with_kernel else [])
+  impls = {'sequential': 'reference', 'associative': 'xla'}
+  if with_kernel:
+    impls[f'kernel_{kernel}'] = kernel
   for L in lengths:
     for N in widths:
       a = _complex(rng, (batch, L, N), 0.5)
       b = _complex(rng, (batch, L, N))
-      row = [L, N]
-      for impl in impls:
+      row = {'L': L, 'N': N, 'batch': batch}
+      for name, impl in impls.items():
         fn = jax.jit(lambda a, b, impl=impl: linear_scan(a, b, impl=impl)[0])
-        row.append(f'{median_ms(fn, a, b, repeats=repeats):.2f}')
-      seq, assoc = float(row[2]), float(row[3])
-      row.append(f'{seq / assoc:.1f}x')
+        row[f'{name}_ms'] = median_ms(fn, a, b, repeats=repeats)
+      row['sequential_over_associative'] = (
+        row['sequential_ms'] / row['associative_ms']
+      )
       rows.append(row)
+  return rows
+
+
+def linear_table(rows: list[dict]) -> str:
+  kernels = [k for k in rows[0] if k.startswith('kernel_')] if rows else []
   header = ['L', 'N', 'sequential ms', 'associative ms']
-  if with_kernel:
-    header.append(f'chunked Pallas ({kernel}) ms')
+  header += [f'chunked Pallas ({k[7:-3]}) ms' for k in kernels]
   header.append('seq / assoc')
-  return table(header, rows)
+  body = [
+    [r['L'], r['N'], f'{r["sequential_ms"]:.2f}', f'{r["associative_ms"]:.2f}']
+    + [f'{r[k]:.2f}' for k in kernels]
+    + [f'{r["sequential_over_associative"]:.1f}x']
+    for r in rows
+  ]
+  return table(header, body)
 
 
-def pd_table(widths, length, batch, repeats):
+def pd_rows(widths, length, batch, repeats) -> list[dict]:
+  """PD scan against the dense-transition scan, one row per N."""
   rng = np.random.default_rng(1)
   rows = []
   for N in widths:
@@ -101,17 +119,22 @@ def pd_table(widths, length, batch, repeats):
       / (1 + jnp.max(jnp.abs(dense_associative(A, b))))
     )
     rows.append(
-      [
-        N,
-        length,
-        f'{t_pd:.2f}',
-        f'{t_dense:.2f}',
-        f'{t_dense / t_pd:.0f}x',
-        f'{t_pd_seq:.2f}',
-        f'{t_dense_seq:.2f}',
-        f'{err:.1e}',
-      ]
+      {
+        'N': N,
+        'L': length,
+        'batch': batch,
+        'pd_ms': t_pd,
+        'dense_ms': t_dense,
+        'dense_over_pd': t_dense / t_pd,
+        'pd_sequential_ms': t_pd_seq,
+        'dense_sequential_ms': t_dense_seq,
+        'max_rel_diff': err,
+      }
     )
+  return rows
+
+
+def pd_table(rows: list[dict]) -> str:
   header = [
     'N',
     'L',
@@ -122,25 +145,65 @@ def pd_table(widths, length, batch, repeats):
     'dense seq ms',
     'max rel diff',
   ]
-  return table(header, rows)
+  body = [
+    [
+      r['N'],
+      r['L'],
+      f'{r["pd_ms"]:.2f}',
+      f'{r["dense_ms"]:.2f}',
+      f'{r["dense_over_pd"]:.0f}x',
+      f'{r["pd_sequential_ms"]:.2f}',
+      f'{r["dense_sequential_ms"]:.2f}',
+      f'{r["max_rel_diff"]:.1e}',
+    ]
+    for r in rows
+  ]
+  return table(header, body)
 
 
-def main(argv=None):
+def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--batch', type=int, default=4)
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--no-kernel', action='store_true')
-  parser.add_argument('--quick', action='store_true', help='small sizes')
+  parser.add_argument('--quick', action='store_true', help='L = 256, 1024')
+  parser.add_argument('--lengths', default='256,1024,4096', help='table 1 L')
+  parser.add_argument('--widths', default='16,256', help='table 1 N')
+  parser.add_argument(
+    '--pd_widths', default='16,64,128', help='state sizes N of table 2'
+  )
+  parser.add_argument('--json', default='', help='also write both tables')
   args = parser.parse_args(argv)
-  lengths = [256, 1024] if args.quick else [256, 1024, 4096]
-  widths = [16, 256]
+  if args.repeats < 1 or args.batch < 1:
+    parser.error('--repeats and --batch must be >= 1')
+  ints = lambda text: [int(x) for x in text.split(',') if x]
+  lengths = [256, 1024] if args.quick else ints(args.lengths)
+  widths, pd_widths = ints(args.widths), ints(args.pd_widths)
+  if (
+    not (lengths and widths and pd_widths)
+    or min(lengths + widths + pd_widths) < 1
+  ):
+    parser.error('--lengths, --widths and --pd_widths need positive integers')
   print(f'backend: {jax.default_backend()}, batch {args.batch}, complex64\n')
   print('Diagonal scan h_t = a_t h_{t-1} + b_t\n')
-  print(
-    linear_table(lengths, widths, args.batch, args.repeats, not args.no_kernel)
+  linear = linear_rows(
+    lengths, widths, args.batch, args.repeats, not args.no_kernel
   )
+  print(linear_table(linear))
   print('\nPD scan vs dense-transition scan (batch 1)\n')
-  print(pd_table([16, 64, 128], 1024, 1, args.repeats))
+  pd = pd_rows(pd_widths, 1024, 1, args.repeats)
+  print(pd_table(pd))
+  result = {
+    'backend': jax.default_backend(),
+    'jax': jax.__version__,
+    'linear': linear,
+    'pd': pd,
+    'load_average': os.getloadavg()[0],
+  }
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(result, f, indent=2)
+  return result
 
 
 if __name__ == '__main__':

@@ -1,0 +1,208 @@
+"""Timing claims measured by their benchmark in fresh processes.
+
+A claim with a ``spec.Benchmark`` trains nothing: ``experiments.reproduce``
+runs the benchmark command in fresh processes, reads the claim's number
+from each process's JSON and records the processes as replicates. Checked
+here: the verdict rules count fresh processes (and only those, besides
+training seeds), every registered benchmark writes the JSON its claim
+reads, and the reproduce command runs, records and reuses processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments import claims as registry
+from experiments import reproduce
+from experiments.claims import block, project, spec
+from experiments.claims import verdict as v
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARK_CLAIMS = [c for c in registry.CLAIMS.values() if c.benchmark]
+
+
+def _record(values, kind):
+  arm = {'values': list(values), 'seeds': list(range(len(values)))}
+  return {'arms': {'a': arm}, 'seed_kind': kind}
+
+
+def test_fresh_processes_count_as_replicates_and_rounds_do_not():
+  rule = v.Threshold('a', 2.0, '>=')
+  got = v.judge(rule, _record([2.3, 2.1, 2.6], spec.PROCESSES))
+  assert got.label == v.REPRODUCED
+  assert 'met on all 3 fresh processes' in got.reason
+  rounds = v.judge(rule, _record([2.3, 2.1, 2.6], spec.ROUNDS))
+  assert rounds.label == v.PARTIAL and 'not training seeds' in rounds.reason
+  one = v.judge(rule, _record([2.3], spec.PROCESSES))
+  assert one.label == v.PARTIAL and '1 fresh process, 3 needed' in one.reason
+  slow = v.judge(rule, _record([2.3, 1.9, 2.6], spec.PROCESSES))
+  assert slow.label == v.PARTIAL and 'met on 2 of 3' in slow.reason
+  assert v.judge(rule, _record([1.3, 1.9, 1.6], spec.PROCESSES)).label == (
+    v.MISS
+  )
+  better = v.Compare('a', 'b', 'higher')
+  paired = _record([2.0, 2.1, 2.2], spec.PROCESSES)
+  paired['arms']['b'] = {'values': [1.0, 1.1, 1.0], 'seeds': [0, 1, 2]}
+  got = v.judge(better, paired)
+  assert got.label == v.REPRODUCED and '3 fresh processes' in got.reason
+
+
+def test_benchmark_claims_train_nothing_and_reproduce_by_their_id():
+  assert {c.id for c in BENCHMARK_CLAIMS} >= {
+    'train-step-mfu',
+    'sampler-speed-vs-md4-256',
+    'sampler-speed-vs-md4-1024',
+    'scan-associative-vs-sequential',
+    'pd-scan-vs-dense',
+    'bd3-kv-cache-speedup',
+  }
+  for claim in BENCHMARK_CLAIMS:
+    assert not claim.arms and not claim.accelerator
+    assert claim.command == f'python -m experiments.reproduce {claim.id}'
+    assert claim.benchmark.arm in repr(claim.rule)
+    assert claim.benchmark.processes >= 3
+  base = BENCHMARK_CLAIMS[0]
+  with pytest.raises(ValueError, match='trains no arms'):
+    dataclasses.replace(base, arms=(spec.Arm('x', 'c.py'),))
+
+
+def test_value_functions_read_the_claimed_row():
+  rows = [
+    {'sampler': 'ancestral_cached', 'T': 256, 'speedup_vs_md4_loop': 2.5},
+    {'sampler': 'ancestral_cached', 'T': 1024, 'speedup_vs_md4_loop': 4.0},
+    {'sampler': 'ancestral_jit_no_cache', 'T': 256, 'speedup_vs_md4_loop': 0},
+  ]
+  assert project.cached_vs_md4(rows, 256) == 2.5
+  assert project.cached_vs_md4(rows, 1024) == 4.0
+  scans = {
+    'linear': [
+      {'L': 256, 'sequential_over_associative': 0.1},
+      {'L': 1024, 'sequential_over_associative': 1.4},
+      {'L': 4096, 'sequential_over_associative': 0.9},
+    ],
+    'pd': [{'N': 16, 'dense_over_pd': 5.0}, {'N': 64, 'dense_over_pd': 40.0}],
+  }
+  # "No slower at L >= 1024" must hold at every such shape: the minimum.
+  assert project.associative_at_long(scans) == 0.9
+  assert project.dense_over_pd(scans) == 40.0
+  with pytest.raises(ValueError, match='no length >= 1024'):
+    project.associative_at_long({'linear': scans['linear'][:1]})
+  assert project.mfu_percent({'variants': [{'mfu': 0.61}]}) == 61.0
+  lengths = [
+    {'length': 512, 'speedup': 20.0, 'same_tokens': True},
+    {'length': 1024, 'speedup': 60.0, 'same_tokens': True},
+  ]
+  assert block.kv_cache_speedup(lengths) == 60.0
+  lengths[1]['same_tokens'] = False
+  with pytest.raises(ValueError, match='samples differ'):
+    block.kv_cache_speedup(lengths)
+
+
+def _commands():
+  """One smoke run per distinct benchmark command (claims share them)."""
+  out = {}
+  for claim in BENCHMARK_CLAIMS:
+    out.setdefault(claim.benchmark.command('smoke'), []).append(claim)
+  return list(out.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  'claims', _commands(), ids=lambda cs: cs[0].benchmark.module.split('.')[-1]
+)
+def test_each_benchmark_writes_the_json_its_claims_read(claims, tmp_path):
+  """The contract between a benchmark's --json output and the claim's
+  value function, run in this process at the smoke sizes."""
+  bench = claims[0].benchmark
+  path = tmp_path / 'out.json'
+  module = importlib.import_module(bench.module)
+  module.main([*bench.args_for('smoke'), f'{bench.json_flag}={path}'])
+  result = json.loads(path.read_text())
+  for claim in claims:
+    value = claim.benchmark.value(result)
+    assert math.isfinite(value) and value > 0, (claim.id, value)
+
+
+def _tiny_claim() -> spec.Claim:
+  """bd3-kv-cache-speedup with two processes at the smoke sizes."""
+  claim = registry.get('bd3-kv-cache-speedup')
+  return dataclasses.replace(
+    claim, benchmark=dataclasses.replace(claim.benchmark, processes=2)
+  )
+
+
+@pytest.mark.slow
+def test_reproduce_times_fresh_processes_records_and_reuses_them(tmp_path):
+  claim = _tiny_claim()
+  runs, recs = str(tmp_path / 'runs'), str(tmp_path / 'records')
+  lines = []
+  record, got, path = reproduce.reproduce(
+    claim, (), 'smoke', runs, recs, 'cmd', log=lines.append
+  )
+  assert record['seed_kind'] == spec.PROCESSES
+  assert record['seeds'] == [0, 1]
+  values = record['arms']['cached']['values']
+  assert len(values) == 2 and all(x > 0 for x in values)
+  assert 'reused_seeds' not in record['arms']['cached']
+  assert (
+    'fresh processes of `python -m experiments.benchmarks' in (record['notes'])
+  )
+  assert got.label == v.INCONCLUSIVE  # The smoke budget never settles.
+  out_dir = reproduce.bench_dir(claim.benchmark, 'smoke', runs)
+  files = sorted(os.listdir(out_dir))
+  assert files == ['p0.json', 'p1.json']
+  assert sum('process' in line for line in lines) == 2
+  # A second call reads the finished processes and starts none.
+  stamps = {f: os.stat(os.path.join(out_dir, f)).st_mtime_ns for f in files}
+  lines.clear()
+  again, _, _ = reproduce.reproduce(
+    claim, (), 'smoke', runs, recs, 'cmd', log=lines.append
+  )
+  assert len(lines) == 2 and all('finished, reused' in x for x in lines)
+  assert stamps == {
+    f: os.stat(os.path.join(out_dir, f)).st_mtime_ns for f in files
+  }
+  assert again['arms']['cached']['values'] == values
+  assert again['arms']['cached']['reused_seeds'] == [0, 1]
+  with open(path) as f:
+    assert json.load(f)['arms'] == record['arms']
+
+
+def test_a_failed_process_leaves_no_result_and_names_the_retry(
+  tmp_path, monkeypatch
+):
+  claim = _tiny_claim()
+  monkeypatch.setattr(
+    reproduce.subprocess,
+    'run',
+    lambda *a, **k: subprocess.CompletedProcess(a, 1),
+  )
+  with pytest.raises(RuntimeError, match='process 0 .* failed .*exit 1'):
+    reproduce.measure_benchmark(claim, 'smoke', str(tmp_path), print)
+  out_dir = reproduce.bench_dir(claim.benchmark, 'smoke', str(tmp_path))
+  assert os.listdir(out_dir) == []
+
+
+def test_seeds_are_refused_for_a_timing_claim():
+  out = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'experiments.reproduce',
+      'pd-scan-vs-dense',
+      '--seeds=0,1,2',
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+  )
+  assert out.returncode == 2
+  assert 'drop --seeds' in out.stderr and out.stderr.count('\n') == 1
