@@ -50,7 +50,7 @@ keep_freed_memory()
 
 
 # Heaviest files first (longest-processing-time order, from the per-file
-# times of a session-9 run). xdist's --dist loadfile hands whole files to
+# times of an earlier full run). xdist's --dist loadfile hands whole files to
 # idle workers in collection order, so a heavy file collected last would
 # leave the other worker idle at the end of the run.
 _HEAVY_FIRST = (

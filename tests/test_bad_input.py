@@ -43,7 +43,7 @@ def _config(**overrides):
     ({'mesh.shape': (0, 1, 1)}, 'mesh.shape'),
     ({'data.seq_len': 0}, 'data.seq_len=0'),
     ({'train.batch_size': -8}, 'train.batch_size=-8'),
-    # Process families (issues 16, 17): a sampler that does not apply, a
+    # Process families: a sampler that does not apply, a
     # uniform process without time conditioning, nonsense process options.
     ({'sample.sampler': 'uniform_ancestral'}, 'for a masked process use'),
     ({'sample.sampler': 'block'}, 'block applies to block processes'),

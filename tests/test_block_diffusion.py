@@ -35,7 +35,7 @@ V = 5
 
 
 def _rule(q, k, n, bs):
-  """BD3-LM's mask, written as in the paper (REFERENCE.md section 8)."""
+  """BD3-LM's mask, written as in the paper (BD3-LM, arXiv 2503.09573)."""
   clean_q, clean_k = q >= n, k >= n
   block_q, block_k = (q % n) // bs, (k % n) // bs
   return (

@@ -1,4 +1,5 @@
-"""Masked-diffusion math against closed forms (REFERENCE.md section 1)."""
+"""Masked-diffusion math against closed forms (MDLM, arXiv 2406.07524; MD4,
+arXiv 2406.04329)."""
 
 import math
 

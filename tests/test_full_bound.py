@@ -1,4 +1,4 @@
-"""The full masked-diffusion bound (issue 19, item 2), by exact enumeration.
+"""The full masked-diffusion bound, by exact enumeration.
 
 Toy data: a full-support distribution p over V^L (V = 2, 3; L = 1, 2). The
 exact denoiser puts log p(x_l | visible tokens of z) at every masked

@@ -106,7 +106,7 @@ def test_rotary_positions_per_row_and_traced():
 def test_rotary_tables_are_constants_of_the_compiled_forward():
   """Known positions must not leave cos/sin in the program: inside it,
   XLA:CPU evaluated them once per element of [B, H, L, K] (~10% of a
-  small model's forward, RESULTS section 6, session 14)."""
+  small model's forward, measured with the train-step benchmark)."""
   model = _model()
   z_BxL = jnp.zeros((2, 8), jnp.int32)
   hlo = jax.jit(lambda z: model(z)).lower(z_BxL).as_text()

@@ -1,4 +1,4 @@
-"""Tests for the DDLM planner -> ARM executor pipelines (issue 8)."""
+"""Tests for the DDLM planner -> ARM executor pipelines."""
 
 from __future__ import annotations
 

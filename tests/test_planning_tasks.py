@@ -1,4 +1,4 @@
-"""Tests for the planning tasks of the planner/executor pipelines (issue 20).
+"""Tests for the planning tasks of the planner/executor pipelines.
 
 Each generator is checked against its own independent verifier (which can
 fail: corrupted answers and plans are caught), Sudoku uniqueness against an

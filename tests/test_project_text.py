@@ -28,10 +28,11 @@ def _files():
   out = [os.path.join(ROOT, 'README.md')]
   docs = os.path.join(ROOT, 'docs')
   out += [os.path.join(docs, n) for n in os.listdir(docs) if n.endswith('.md')]
-  for top in ('ddlm_jax', 'experiments', 'pallas_kernels'):
+  for top in ('ddlm_jax', 'experiments', 'pallas_kernels', 'tests'):
     for dirpath, _, names in os.walk(os.path.join(ROOT, top)):
       out += [os.path.join(dirpath, n) for n in names if n.endswith('.py')]
-  return sorted(out)
+  # This file spells out what the guard catches.
+  return sorted(f for f in out if f != os.path.abspath(__file__))
 
 
 def find_labels(text: str) -> list[tuple[int, str, str]]:

@@ -1,8 +1,8 @@
-"""ReMDM's loop strategy on the paper's rescaled schedule (issue 19, item 1).
+"""ReMDM's loop strategy on the paper's rescaled schedule.
 
 The sampler's alpha rises linearly from 0 to alpha_on over [1, t_on], stays
 at alpha_on during the loop (remasking with sigma = min(eta, (1 - alpha_on)
-/ alpha_on)) and rises to 1 over [t_off, 0] (REFERENCE section 3). Checked
+/ alpha_on)) and rises to 1 over [t_off, 0] (ReMDM, arXiv 2503.00307). Checked
 exactly from the grid's constants and by Monte Carlo on a tiny fake model.
 """
 

@@ -1,8 +1,9 @@
 """Uniform-state and interpolating diffusion against exact enumeration.
 
-REFERENCE.md section 7. Toy problems are small enough (V <= 4, L <= 2) to
-sum over every clean sequence and every noisy one, so the posteriors, the
-leave-one-out claims and the bounds are checked exactly, not by sampling.
+UDLM (arXiv 2412.10193) and Duo (arXiv 2506.10892). Toy problems are small
+enough (V <= 4, L <= 2) to sum over every clean sequence and every noisy
+one, so the posteriors, the leave-one-out claims and the bounds are checked
+exactly, not by sampling.
 """
 
 import dataclasses
@@ -224,7 +225,7 @@ def test_denoiser_posterior_is_the_exact_reverse_marginal(mixing):
         ratio = (loo[m, i] * kern[:, z[i]]) @ bayes_VxK
         np.testing.assert_allclose(ratio / ratio.sum(), truth, atol=1e-12)
         np.testing.assert_allclose(got_MxLxK[m, i], truth, atol=1e-12)
-        if mixing is None:  # REFERENCE section 7's closed form of the ratio
+        if mixing is None:  # the closed form of the ratio
           r, e_z, a_ts = loo[m, i], np.eye(vocab)[z[i]], a_t / a_s
           ref = (
             a_t * vocab * r[z[i]] * e_z
