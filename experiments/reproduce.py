@@ -36,7 +36,7 @@ date, host: CPU model and flags, jax/flax versions; seeds; this command;
 its wall time).
 ``--budget=smoke`` shrinks every arm to its ``smoke`` preset: a test of the
 machinery whose verdict is always 'inconclusive at this budget'.
-Claims measured by a sweep (no arms, no benchmark) print their command.
+Claims measured otherwise (no arms, no measurement) print their command.
 """
 
 from __future__ import annotations
@@ -48,11 +48,13 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 
 from ddlm_jax.errors import ConfigError
 from ddlm_jax.training.metrics import read_metrics
@@ -288,54 +290,81 @@ def measure_samplings(claim, seeds, budget, runs_dir, log=print) -> dict:
   )
 
 
-def bench_dir(bench: spec.Benchmark, budget: str, runs_dir: str) -> str:
-  """RUNS_DIR/BUDGET/bench/KEY: the processes of one benchmark command."""
-  command = bench.command(budget)
+def measure_dir(m: spec.Measurement, budget: str, runs_dir: str) -> str:
+  """RUNS_DIR/BUDGET/measure/KEY: the processes of one command."""
+  command = m.command(budget)
   digest = hashlib.sha256(command.encode()).hexdigest()[:8]
-  name = bench.module.rsplit('.', 1)[-1]
-  return os.path.join(runs_dir, budget, 'bench', f'{name}-{digest}')
+  name = m.module.rsplit('.', 1)[-1]
+  return os.path.join(runs_dir, budget, 'measure', f'{name}-{digest}')
 
 
-def measure_benchmark(claim, budget, runs_dir, log=print) -> dict:
-  """{'arms', 'notes', 'seeds'}: the claim's number from each process.
+def _values(m: spec.Measurement, result) -> dict[str, float]:
+  got = m.value(result)
+  if isinstance(got, Mapping):
+    return {arm: float(x) for arm, x in got.items()}
+  return {m.arm: float(got)}
 
-  Each process is ``claim.benchmark``'s command with its JSON path; a
-  finished one (its JSON exists) is reused, as a finished run is.
+
+def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
+  """{'arms', 'notes', 'seeds'}: the claim's numbers from each process.
+
+  A timing benchmark runs ``processes`` processes (p0, p1, ...), a
+  training sweep one per seed (s0, s1, ...). Each process's result is kept
+  as UNIT.json beside its output; a unit whose UNIT.json exists is reused,
+  as a finished run is, and an interrupted sweep resumes in UNIT/.
   """
-  bench = claim.benchmark
-  out_dir = bench_dir(bench, budget, runs_dir)
+  m = claim.measurement
+  out_dir = measure_dir(m, budget, runs_dir)
   os.makedirs(out_dir, exist_ok=True)
-  values, reused, loads = [], [], []
-  for i in range(bench.processes):
-    path = os.path.join(out_dir, f'p{i}.json')
-    if os.path.exists(path):
-      log(f'  process {i}: finished, reused ({path})')
-      reused.append(i)
+  units = (
+    [(f's{s}', s) for s in seeds]
+    if m.per_seed
+    else [(f'p{i}', None) for i in range(m.processes)]
+  )
+  arms, reused, loads = {}, [], []
+  for index, (unit, seed) in enumerate(units):
+    final = os.path.join(out_dir, f'{unit}.json')
+    label = unit if seed is None else f'seed {seed}'
+    if os.path.exists(final):
+      log(f'  {label}: finished, reused ({final})')
+      reused.append(index if seed is None else seed)
     else:
       loads.append(round(os.getloadavg()[0], 2))
-      partial = f'{path}.partial'
-      cmd = [sys.executable, '-m', bench.module, *bench.args_for(budget)]
-      cmd.append(f'{bench.json_flag}={partial}')
-      log(f'  process {i}: {shlex.join(cmd[1:])}')
+      target = os.path.join(out_dir, unit) if m.result_file else final
+      target = target if m.result_file else f'{final}.partial'
+      cmd = [sys.executable, '-m', m.module, *m.args_for(budget, seed)]
+      cmd.append(f'{m.result_flag}={target}')
+      log(f'  {label}: {shlex.join(cmd[1:])}')
       rc = subprocess.run(cmd, cwd=ROOT).returncode
-      if rc != 0 or not os.path.exists(partial):
+      written = os.path.join(target, m.result_file) if m.result_file else target
+      if rc != 0 or not os.path.exists(written):
         raise RuntimeError(
-          f'{claim.id}: process {i} of {bench.module} failed (exit {rc}); '
-          'its log is above; run the same command again to retry it'
+          f'{claim.id}: {label} of {m.module} failed (exit {rc}); its log '
+          'is above; run the same command again to retry it'
         )
-      os.replace(partial, path)
-    with open(path) as f:
-      values.append(float(bench.value(json.load(f))))
-  arm = {'seeds': list(range(bench.processes)), 'values': values}
-  if reused:  # Timed by an earlier call, maybe at an earlier commit.
-    arm['reused_seeds'] = reused
-  notes = (
-    f'{bench.processes} fresh processes of `{bench.command(budget)}`, one '
-    f'after another, each writing {bench.json_flag}=PATH under '
-    f'{os.path.relpath(out_dir, ROOT)}; 1-minute load average before each '
-    f'process timed here: {loads}.'
+      if m.result_file:
+        shutil.copyfile(written, f'{final}.partial')
+      os.replace(f'{final}.partial', final)
+    with open(final) as f:
+      for arm, x in _values(m, json.load(f)).items():
+        entry = arms.setdefault(arm, {'seeds': [], 'values': []})
+        entry['seeds'].append(index if seed is None else seed)
+        entry['values'].append(x)
+  for entry in arms.values():
+    if reused:  # Measured by an earlier call, maybe at an earlier commit.
+      entry['reused_seeds'] = list(reused)
+  what = (
+    'one process per training seed'
+    if m.per_seed
+    else f'{m.processes} fresh processes'
   )
-  return {'arms': {bench.arm: arm}, 'notes': notes, 'seeds': arm['seeds']}
+  notes = (
+    f'{what} of `{m.command(budget)}`, one after another, each writing '
+    f'{m.result_flag}=PATH under {os.path.relpath(out_dir, ROOT)}; 1-minute '
+    f'load average before each process run here: {loads}.'
+  )
+  first = next(iter(arms.values()))
+  return {'arms': arms, 'notes': notes, 'seeds': first['seeds']}
 
 
 def run_exact_test(claim: spec.Claim, log=print) -> dict:
@@ -393,9 +422,9 @@ def reproduce(
   if isinstance(claim.rule, verdict_lib.ExactTest):
     record['exact_test'] = run_exact_test(claim, log)
     record['seeds'] = []
-  elif claim.benchmark:
-    got = measure_benchmark(claim, budget, runs_dir, log)
-    record.update(got, seed_kind=spec.PROCESSES)
+  elif claim.measurement:
+    got = measure_command(claim, seeds, budget, runs_dir, log)
+    record.update(got, seed_kind=claim.measurement.seed_kind)
   elif claim.samplings:
     from experiments.benchmarks import matched_sampling
 
@@ -436,10 +465,10 @@ def main(argv=None) -> int:
     except KeyError as e:
       raise UsageError(e.args[0]) from None
     seeds = parse_seeds(args.seeds, claim)
-    if claim.benchmark and args.seeds:
+    if claim.measurement and not claim.measurement.per_seed and args.seeds:
       raise UsageError(
         f'{claim.id} times code that trains nothing in '
-        f'{claim.benchmark.processes} fresh processes; drop --seeds'
+        f'{claim.measurement.processes} fresh processes; drop --seeds'
       )
     if claim.samplings:
       from experiments.benchmarks import matched_sampling
@@ -449,7 +478,7 @@ def main(argv=None) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 2
   exact = isinstance(claim.rule, verdict_lib.ExactTest)
-  if not claim.arms and not exact and not claim.benchmark:
+  if not claim.arms and not exact and not claim.measurement:
     print(
       f'{claim.id} is measured by a sweep or a benchmark, not by training '
       f'arms; its command:\n  {claim.command}\nIts record in '

@@ -12,8 +12,8 @@ from experiments.claims.spec import (
   MATCHED_ENTROPY,
   TARGET,
   Arm,
-  Benchmark,
   Claim,
+  Measurement,
   Sampling,
   ancestral_sampling,
   block_sampling,
@@ -257,7 +257,7 @@ CLAIMS = (
     metric='uncached time / cached time (x)',
     protocol=EQUAL_NFE,
     rule=Threshold('cached', 10.0, '>='),
-    benchmark=Benchmark(
+    measurement=Measurement(
       'experiments.benchmarks.block_sampling',
       ('--lengths=512,1024', '--repeats=2'),
       'cached',

@@ -8,7 +8,9 @@ The MDM planning claims carry none: that paper's model sizes are not
 recorded here, so a result against them stands as a miss.
 """
 
-from experiments.claims.spec import NAMED_BASELINE, Claim
+import functools
+
+from experiments.claims.spec import NAMED_BASELINE, Claim, Measurement
 from experiments.claims.verdict import Compare
 
 _PE = 'DDLM planner -> ARM executor'
@@ -19,8 +21,42 @@ _SWEEP = 'python -m experiments.sweep_planner_executor --preset=cpu'
 _SCALE = 2e5 / 7e9
 
 
-def _pe(id_, statement, paper_value, arm, baseline, task, metric, seeds):
-  task_flag = f' --task={task}' if task != 'arithmetic' else ''
+def pe_accuracy(results: dict, arms: tuple[str, ...]) -> dict[str, float]:
+  """sweep_planner_executor's results.json for one seed: each arm's
+  accuracy (%) over the task's training levels."""
+  out = {}
+  for arm in arms:
+    (summary,) = results[arm]  # One seed per process.
+    out[arm] = 100.0 * summary['accuracy_train_levels']
+  return out
+
+
+# Each task's sweep runs the variants of both of its claims, so the two
+# claims share its processes.
+_VARIANTS = {
+  'arithmetic': 'latent,text,cot',
+  'sudoku4': 'latent,text,cot',
+  'paths': 'text,cot',
+  'countdown': 'latent,text',
+}
+
+
+def _sweep(task: str, arms: tuple[str, str]) -> Measurement:
+  """One seed of the task's sweep per process (--seeds={seed})."""
+  args = (f'--task={task}', '--seeds={seed}', f'--variants={_VARIANTS[task]}')
+  return Measurement(
+    'experiments.sweep_planner_executor',
+    ('--preset=cpu', *args),
+    '',
+    functools.partial(pe_accuracy, arms=arms),
+    result_flag='--out',
+    result_file='results.json',
+    per_seed=True,
+    smoke_args=('--preset=smoke', *args),
+  )
+
+
+def _pe(id_, statement, paper_value, arm, baseline, task, metric):
   return Claim(
     id=id_,
     family='planning',
@@ -32,11 +68,10 @@ def _pe(id_, statement, paper_value, arm, baseline, task, metric, seeds):
     metric=metric,
     protocol=NAMED_BASELINE,
     rule=Compare(arm, baseline, 'higher'),
-    seeds=seeds,
-    command=f'{_SWEEP}{task_flag} --seeds={",".join(map(str, seeds))} '
-    f'--out=runs/pe_{task}',
+    measurement=_sweep(task, (arm, baseline)),
+    command=f'python -m experiments.reproduce {id_}',
     budget_fraction=_SCALE,
-    cost_minutes=30 * len(seeds),
+    cost_minutes=30 * 3,
   )
 
 
@@ -50,7 +85,6 @@ CLAIMS = (
     'text',
     'arithmetic',
     'accuracy %, levels 1-4',
-    (0,),
   ),
   _pe(
     'pe-hybrid-vs-cot-arithmetic',
@@ -61,7 +95,6 @@ CLAIMS = (
     'cot',
     'arithmetic',
     'accuracy %, levels 1-4',
-    (0,),
   ),
   _pe(
     'pe-latent-beats-text-sudoku',
@@ -71,7 +104,6 @@ CLAIMS = (
     'text',
     'sudoku4',
     'accuracy %, levels 1-4',
-    (0, 1, 2),
   ),
   _pe(
     'pe-hybrid-vs-cot-sudoku',
@@ -81,7 +113,6 @@ CLAIMS = (
     'cot',
     'sudoku4',
     'accuracy %, levels 1-4',
-    (0, 1, 2),
   ),
   _pe(
     'pe-hybrid-vs-cot-paths',
@@ -91,7 +122,6 @@ CLAIMS = (
     'cot',
     'paths',
     'accuracy %, levels 1-4',
-    (0, 1, 2),
   ),
   _pe(
     'pe-latent-beats-text-countdown',
@@ -101,7 +131,6 @@ CLAIMS = (
     'text',
     'countdown',
     'accuracy %, levels 1-2',
-    (0, 1, 2),
   ),
   Claim(
     id='mdm-beats-ar-sudoku',

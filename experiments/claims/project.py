@@ -5,7 +5,7 @@ and, where one exists, the paper whose method sets the baseline (md4's
 sampler loop).
 
 The timing claims run their benchmark in three fresh processes, one after
-another (``experiments.reproduce``, ``spec.Benchmark``); the functions
+another (``experiments.reproduce``, ``spec.Measurement``); the functions
 below read each claim's number from one process's JSON result.
 """
 
@@ -15,8 +15,8 @@ from experiments.claims.spec import (
   NAMED_BASELINE,
   TARGET,
   Arm,
-  Benchmark,
   Claim,
+  Measurement,
 )
 from experiments.claims.verdict import Threshold
 
@@ -67,14 +67,14 @@ _SCANS = dict(
 )  # fmt: skip
 
 
-def _samplers(steps: int) -> Benchmark:
+def _samplers(steps: int) -> Measurement:
   """The sampler benchmark at T = 256 and 1024, read at `steps`."""
-  return Benchmark(
+  return Measurement(
     'experiments.benchmarks.samplers',
     ('--steps=256,1024', '--repeats=5', '--fixed='),
     'cached',
     functools.partial(cached_vs_md4, steps=steps),
-    json_flag='--out',
+    result_flag='--out',
     smoke_args=(
       '--steps=256,1024', '--repeats=1', '--fixed=', '--length=16',
       '--batch=1', '--width=32', '--depth=1', '--heads=2',
@@ -151,7 +151,7 @@ CLAIMS = (
     metric='MFU, % of the float32 matmul peak',
     protocol=TARGET,
     rule=Threshold('step', 60.0, '>='),
-    benchmark=Benchmark(
+    measurement=Measurement(
       'experiments.benchmarks.train_step',
       ('--time_conditioning', '--mlp_dim=704', '--repeats=10'),
       'step',
@@ -175,7 +175,7 @@ CLAIMS = (
     metric="speed-up over md4's loop (x)",
     protocol=NAMED_BASELINE,
     rule=Threshold('cached', 2.0, '>='),
-    benchmark=_samplers(256),
+    measurement=_samplers(256),
     command=f'{_REPRO} sampler-speed-vs-md4-256',
     cost_minutes=10,
   ),
@@ -192,7 +192,7 @@ CLAIMS = (
     metric="speed-up over md4's loop (x)",
     protocol=NAMED_BASELINE,
     rule=Threshold('cached', 3.5, '>='),
-    benchmark=_samplers(1024),
+    measurement=_samplers(1024),
     command=f'{_REPRO} sampler-speed-vs-md4-1024',
     cost_minutes=10,
   ),
@@ -210,7 +210,7 @@ CLAIMS = (
     metric='sequential time / associative time',
     protocol=TARGET,
     rule=Threshold('assoc', 1.0, '>='),
-    benchmark=Benchmark(arm='assoc', value=associative_at_long, **_SCANS),
+    measurement=Measurement(arm='assoc', value=associative_at_long, **_SCANS),
     command=f'{_REPRO} scan-associative-vs-sequential',
     cost_minutes=5,
   ),
@@ -228,7 +228,7 @@ CLAIMS = (
     metric='dense time / PD time (x)',
     protocol=TARGET,
     rule=Threshold('pd', 20.0, '>='),
-    benchmark=Benchmark(arm='pd', value=dense_over_pd, **_SCANS),
+    measurement=Measurement(arm='pd', value=dense_over_pd, **_SCANS),
     command=f'{_REPRO} pd-scan-vs-dense',
     cost_minutes=5,
   ),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # The comparison protocols a claim can name (what makes two arms
@@ -44,7 +44,7 @@ SAMPLING = 'sampling'
 ROUNDS = 'rounds'
 # Fresh processes timing code that trains nothing (random weights, random
 # data): the replicate of a speed claim, as a training seed is of a
-# training claim. Only a claim with a `Benchmark` records them.
+# training claim. Only a claim with a `Measurement` records them.
 PROCESSES = 'processes'
 SEED_KINDS = (TRAINING, SAMPLING, ROUNDS, PROCESSES)
 
@@ -181,32 +181,60 @@ SCORER_SEED = 0
 
 
 @dataclasses.dataclass(frozen=True)
-class Benchmark:
-  """How ``experiments.reproduce`` measures a timing claim.
+class Measurement:
+  """A command that measures a claim without ``experiments.run`` arms.
 
-  ``python -m MODULE ARGS JSON_FLAG=PATH`` runs in ``processes`` fresh
-  processes, one after another on an otherwise idle host; ``value`` reads
-  the claim's number from the JSON each writes. The model and data are
-  random, so nothing is trained and each process is one replicate
-  (``PROCESSES``). Claims timing the same command share its processes.
-  ``smoke_args`` replace ``args`` at the test-only smoke budget.
+  ``python -m MODULE ARGS RESULT_FLAG=PATH`` runs in fresh processes, one
+  after another; ``value`` reads the claim's number from the JSON result
+  of one process: a float (the arm ``arm``) or a mapping arm -> float.
+
+  Two kinds:
+  - a timing benchmark (``per_seed=False``): the model and data are
+    random, nothing is trained, and each of ``processes`` processes is one
+    replicate (seed kind ``PROCESSES``); time on an otherwise idle host;
+  - a training sweep (``per_seed=True``): ``{seed}`` in ``args`` takes each
+    of the claim's seeds in turn, so each process trains and measures one
+    training seed (seed kind ``TRAINING``).
+  PATH is a file the process writes, or with ``result_file`` a directory
+  (the sweep's output folder, where it also resumes) holding that file.
+  Claims with the same command share its processes. ``smoke_args``
+  replace ``args`` at the test-only smoke budget.
   """
 
   module: str
   args: tuple[str, ...]
   arm: str
-  value: Callable[[Any], float]
-  json_flag: str = '--json'
+  value: Callable[[Any], float | Mapping[str, float]]
+  result_flag: str = '--json'
+  result_file: str = ''
   processes: int = 3
+  per_seed: bool = False
   smoke_args: tuple[str, ...] | None = None
 
-  def args_for(self, budget: str) -> tuple[str, ...]:
+  def __post_init__(self):
+    for args in (self.args, self.smoke_args or ()):
+      seeded = any('{seed}' in a for a in args)
+      if seeded != self.per_seed:
+        raise ValueError(
+          f'measurement {self.module}: per_seed={self.per_seed} but its '
+          f'args {"hold" if seeded else "lack"} {{seed}}; a per-seed '
+          'command names its seed as {seed}, a timing one names none'
+        )
+
+  @property
+  def seed_kind(self) -> str:
+    return TRAINING if self.per_seed else PROCESSES
+
+  def args_for(self, budget: str, seed: int | None = None) -> tuple[str, ...]:
+    args = self.args
     if budget == 'smoke' and self.smoke_args is not None:
-      return self.smoke_args
-    return self.args
+      args = self.smoke_args
+    if seed is None:
+      return args
+    return tuple(a.replace('{seed}', str(seed)) for a in args)
 
   def command(self, budget: str = 'cpu') -> str:
-    """The command of one process, without its JSON path."""
+    """The command of one process, without its result path."""
     return shlex.join(('python', '-m', self.module, *self.args_for(budget)))
 
 
@@ -226,9 +254,9 @@ class Claim:
     protocol: one of ``PROTOCOLS``.
     rule: a rule of ``verdict`` that turns a record into a verdict.
     arms: the runs ``experiments.reproduce`` trains (empty: the claim is
-      measured by its benchmark, or by the command below).
-    benchmark: the timing command ``experiments.reproduce`` runs for a
-      claim that trains nothing (then ``arms`` is empty).
+      measured by its ``measurement``, or by the command below).
+    measurement: the command ``experiments.reproduce`` runs for a claim
+      without arms: a timing benchmark or a training sweep.
     samplings: sample-quality arms drawn from the trained ``arms`` (the
       record's arms are then these, at matched entropy, not the bounds).
     scorer: the AR run that scores the samplings (trained once, seed
@@ -269,7 +297,7 @@ class Claim:
   arms: tuple[Arm, ...] = ()
   samplings: tuple[Sampling, ...] = ()
   scorer: Arm | None = None
-  benchmark: Benchmark | None = None
+  measurement: Measurement | None = None
   metric_key: str = 'validation.bits_per_token'
   metric_scale: float = 1.0
   seeds: tuple[int, ...] = (0, 1, 2)
@@ -296,10 +324,10 @@ class Claim:
           f'claim {self.id}: arm {arm.name} starts from unknown arm '
           f'{arm.init_from!r}'
         )
-    if self.benchmark and (self.arms or self.accelerator):
+    if self.measurement and (self.arms or self.accelerator):
       raise ValueError(
-        f'claim {self.id}: a benchmark claim times code on this host; it '
-        'trains no arms and needs no accelerator'
+        f'claim {self.id}: a measured claim runs its own command on this '
+        'host; it trains no arms and needs no accelerator'
       )
     if not self.samplings:
       return

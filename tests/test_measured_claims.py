@@ -1,11 +1,13 @@
-"""Timing claims measured by their benchmark in fresh processes.
+"""Claims measured by their own command: timing benchmarks and sweeps.
 
-A claim with a ``spec.Benchmark`` trains nothing: ``experiments.reproduce``
-runs the benchmark command in fresh processes, reads the claim's number
-from each process's JSON and records the processes as replicates. Checked
-here: the verdict rules count fresh processes (and only those, besides
-training seeds), every registered benchmark writes the JSON its claim
-reads, and the reproduce command runs, records and reuses processes.
+A claim with a ``spec.Measurement`` has no ``experiments.run`` arms:
+``experiments.reproduce`` runs its command in fresh processes and reads
+the claim's numbers from each process's JSON. A timing benchmark trains
+nothing and its processes are the replicates; a training sweep runs once
+per seed. Checked here: the verdict rules count fresh processes (and only
+those, besides training seeds), every registered benchmark writes the JSON
+its claims read, and the reproduce command runs, records and reuses
+processes, for a benchmark and for a sweep whose claims share it.
 """
 
 from __future__ import annotations
@@ -22,11 +24,15 @@ import pytest
 
 from experiments import claims as registry
 from experiments import reproduce
-from experiments.claims import block, project, spec
+from experiments.claims import block, planning, project, spec
 from experiments.claims import verdict as v
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARK_CLAIMS = [c for c in registry.CLAIMS.values() if c.benchmark]
+BENCHMARK_CLAIMS = [
+  c
+  for c in registry.CLAIMS.values()
+  if c.measurement and not c.measurement.per_seed
+]
 
 
 def _record(values, kind):
@@ -67,8 +73,8 @@ def test_benchmark_claims_train_nothing_and_reproduce_by_their_id():
   for claim in BENCHMARK_CLAIMS:
     assert not claim.arms and not claim.accelerator
     assert claim.command == f'python -m experiments.reproduce {claim.id}'
-    assert claim.benchmark.arm in repr(claim.rule)
-    assert claim.benchmark.processes >= 3
+    assert claim.measurement.arm in repr(claim.rule)
+    assert claim.measurement.processes >= 3
   base = BENCHMARK_CLAIMS[0]
   with pytest.raises(ValueError, match='trains no arms'):
     dataclasses.replace(base, arms=(spec.Arm('x', 'c.py'),))
@@ -110,24 +116,24 @@ def _commands():
   """One smoke run per distinct benchmark command (claims share them)."""
   out = {}
   for claim in BENCHMARK_CLAIMS:
-    out.setdefault(claim.benchmark.command('smoke'), []).append(claim)
+    out.setdefault(claim.measurement.command('smoke'), []).append(claim)
   return list(out.values())
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-  'claims', _commands(), ids=lambda cs: cs[0].benchmark.module.split('.')[-1]
+  'claims', _commands(), ids=lambda cs: cs[0].measurement.module.split('.')[-1]
 )
 def test_each_benchmark_writes_the_json_its_claims_read(claims, tmp_path):
   """The contract between a benchmark's --json output and the claim's
   value function, run in this process at the smoke sizes."""
-  bench = claims[0].benchmark
+  bench = claims[0].measurement
   path = tmp_path / 'out.json'
   module = importlib.import_module(bench.module)
-  module.main([*bench.args_for('smoke'), f'{bench.json_flag}={path}'])
+  module.main([*bench.args_for('smoke'), f'{bench.result_flag}={path}'])
   result = json.loads(path.read_text())
   for claim in claims:
-    value = claim.benchmark.value(result)
+    value = claim.measurement.value(result)
     assert math.isfinite(value) and value > 0, (claim.id, value)
 
 
@@ -135,7 +141,7 @@ def _tiny_claim() -> spec.Claim:
   """bd3-kv-cache-speedup with two processes at the smoke sizes."""
   claim = registry.get('bd3-kv-cache-speedup')
   return dataclasses.replace(
-    claim, benchmark=dataclasses.replace(claim.benchmark, processes=2)
+    claim, measurement=dataclasses.replace(claim.measurement, processes=2)
   )
 
 
@@ -156,10 +162,10 @@ def test_reproduce_times_fresh_processes_records_and_reuses_them(tmp_path):
     'fresh processes of `python -m experiments.benchmarks' in (record['notes'])
   )
   assert got.label == v.INCONCLUSIVE  # The smoke budget never settles.
-  out_dir = reproduce.bench_dir(claim.benchmark, 'smoke', runs)
+  out_dir = reproduce.measure_dir(claim.measurement, 'smoke', runs)
   files = sorted(os.listdir(out_dir))
   assert files == ['p0.json', 'p1.json']
-  assert sum('process' in line for line in lines) == 2
+  assert [line.split(':')[0] for line in lines] == ['  p0', '  p1']
   # A second call reads the finished processes and starts none.
   stamps = {f: os.stat(os.path.join(out_dir, f)).st_mtime_ns for f in files}
   lines.clear()
@@ -185,9 +191,12 @@ def test_a_failed_process_leaves_no_result_and_names_the_retry(
     'run',
     lambda *a, **k: subprocess.CompletedProcess(a, 1),
   )
-  with pytest.raises(RuntimeError, match='process 0 .* failed .*exit 1'):
-    reproduce.measure_benchmark(claim, 'smoke', str(tmp_path), print)
-  out_dir = reproduce.bench_dir(claim.benchmark, 'smoke', str(tmp_path))
+  with pytest.raises(
+    RuntimeError,
+    match='p0 of experiments.benchmarks.block_sampling failed .*exit 1',
+  ):
+    reproduce.measure_command(claim, (), 'smoke', str(tmp_path), print)
+  out_dir = reproduce.measure_dir(claim.measurement, 'smoke', str(tmp_path))
   assert os.listdir(out_dir) == []
 
 
@@ -206,3 +215,64 @@ def test_seeds_are_refused_for_a_timing_claim():
   )
   assert out.returncode == 2
   assert 'drop --seeds' in out.stderr and out.stderr.count('\n') == 1
+
+
+def test_a_measurement_names_its_seed_exactly_when_it_runs_per_seed():
+  with pytest.raises(ValueError, match='lack'):
+    spec.Measurement('m', ('--a',), 'x', float, per_seed=True)
+  with pytest.raises(ValueError, match='hold'):
+    spec.Measurement('m', ('--seeds={seed}',), 'x', float)
+  sweep = registry.get('pe-latent-beats-text-arithmetic').measurement
+  assert sweep.seed_kind == spec.TRAINING
+  assert '--seeds=2' in sweep.args_for('cpu', 2)
+  assert '--preset=smoke' in sweep.args_for('smoke', 0)
+  results = {
+    'latent': [{'accuracy_train_levels': 0.5}],
+    'text': [{'accuracy_train_levels': 0.25}],
+  }
+  assert planning.pe_accuracy(results, ('latent', 'text')) == {
+    'latent': 50.0,
+    'text': 25.0,
+  }
+
+
+def test_claims_on_one_task_share_its_sweep():
+  by_task = {}
+  for claim in registry.CLAIMS.values():
+    m = claim.measurement
+    if m and m.module == 'experiments.sweep_planner_executor':
+      by_task.setdefault(m.command(), []).append(claim.id)
+  assert sorted(map(len, by_task.values())) == [1, 1, 2, 2]
+  assert ['pe-latent-beats-text-arithmetic', 'pe-hybrid-vs-cot-arithmetic'] in (
+    list(by_task.values())
+  )
+
+
+@pytest.mark.slow
+def test_a_sweep_claim_trains_once_per_seed_and_its_sibling_reuses_it(
+  tmp_path,
+):
+  runs, recs = str(tmp_path / 'runs'), str(tmp_path / 'records')
+  first = registry.get('pe-latent-beats-text-arithmetic')
+  lines = []
+  record, got, _ = reproduce.reproduce(
+    first, (0,), 'smoke', runs, recs, 'cmd', log=lines.append
+  )
+  assert record['seed_kind'] == spec.TRAINING and record['seeds'] == [0]
+  assert set(record['arms']) == {'latent', 'text'}
+  for arm in record['arms'].values():
+    assert arm['seeds'] == [0] and 0 <= arm['values'][0] <= 100
+  assert got.label == v.INCONCLUSIVE
+  assert '--seeds=0' in lines[0] and '--preset=smoke' in lines[0]
+  out_dir = reproduce.measure_dir(first.measurement, 'smoke', runs)
+  assert os.path.exists(os.path.join(out_dir, 's0', 'results.json'))
+  # The sibling claim reads the same seed's results without training.
+  sibling = registry.get('pe-hybrid-vs-cot-arithmetic')
+  lines.clear()
+  again, _, _ = reproduce.reproduce(
+    sibling, (0,), 'smoke', runs, recs, 'cmd', log=lines.append
+  )
+  assert lines == [f'  seed 0: finished, reused ({out_dir}/s0.json)']
+  assert set(again['arms']) == {'text', 'cot'}
+  assert again['arms']['text']['values'] == record['arms']['text']['values']
+  assert again['arms']['cot']['reused_seeds'] == [0]
