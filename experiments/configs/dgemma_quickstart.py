@@ -31,7 +31,10 @@ Everything else is the quickstart recipe (corpus, 128 characters,
 optimiser, 1000 steps of batch 32), so the bound compares with the UDLM
 twin (duo_quickstart.py) and the BD3 twin (bd3_quickstart.py:16,scratch).
 experiments/claims/dgemma.py holds the comparisons (3 seeds, equal training
-FLOPs) and their commands; not yet measured.
+FLOPs) and their commands. The bound against the UDLM twin is measured
+(docs/RESULTS.md); each run of this recipe takes about an hour on two CPU
+cores, so the BD3, self-conditioning and sampling comparisons (9 runs and
+the sampling sweep) are not yet measured.
 """
 
 from experiments.configs import common, quickstart
