@@ -15,11 +15,13 @@ end-of-run samples (``sample.num_samples=0``): they are not part of the
 metric, and their scorer run need not exist.
 Claims checked by an exact test run that test with pytest.
 
-A timing claim (``Claim.benchmark``) trains nothing: its benchmark command
-runs in fresh processes, one after another (each writes its result as
-JSON to RUNS_DIR/BUDGET/bench/KEY/pN.json, reused like a finished run, so
-claims timing the same command share its processes), and the claim's
-number is read from each. Time on an otherwise idle host.
+A claim with a ``Claim.measurement`` runs that command instead of arms,
+in fresh processes one after another: a timing benchmark (code that
+trains nothing) in three, each a replicate, or a training sweep once per
+seed. Each process's JSON result is kept in RUNS_DIR/BUDGET/measure/KEY
+(pN.json or sN.json) and reused like a finished run, so claims with the
+same command share its processes; the claim's numbers are read from each.
+Time benchmarks on an otherwise idle host.
 
 A sample-quality claim (``Claim.samplings``) trains its arms the same way
 (without end-of-run samples) and its scorer, the AR twin, once (seed 0);
@@ -330,8 +332,12 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
       reused.append(index if seed is None else seed)
     else:
       loads.append(round(os.getloadavg()[0], 2))
-      target = os.path.join(out_dir, unit) if m.result_file else final
-      target = target if m.result_file else f'{final}.partial'
+      # A sweep writes (and resumes) in its folder; a benchmark writes one
+      # file, renamed once the process has finished.
+      if m.result_file:
+        target = os.path.join(out_dir, unit)
+      else:
+        target = f'{final}.partial'
       cmd = [sys.executable, '-m', m.module, *m.args_for(budget, seed)]
       cmd.append(f'{m.result_flag}={target}')
       log(f'  {label}: {shlex.join(cmd[1:])}')
