@@ -32,6 +32,11 @@ and the NFE are the record's arms (``benchmarks.matched_sampling``; each
 sweep is saved under RUNS_DIR/BUDGET/samples and reused). The trained
 arms' bounds go into the record's ``trained`` field.
 
+A claim with a ``Claim.derived`` value trains its arms the same way, then
+computes that value per seed from all the seed's runs together (e.g. the
+steps one arm needs to reach another's bound, from their validation
+curves); it is the record's arm, the arms' bounds its ``trained`` field.
+
 Then the metric is read from each run's summary.json, the verdict computed
 by the claim's rule, and a JSON record written to RECORDS_DIR (commit,
 date, host: CPU model and flags, jax/flax versions; seeds; this command;
@@ -260,6 +265,23 @@ def measure_arms(claim, seeds, budget, runs_dir, log=print) -> dict:
   return out
 
 
+def derive(claim: spec.Claim, trained: dict, seeds, log=print) -> dict:
+  """The claim's derived arm: one value per seed from all its arms' runs."""
+  values = []
+  for i, seed in enumerate(seeds):
+    workdirs = {
+      name: os.path.normpath(os.path.join(ROOT, arm['workdirs'][i]))
+      for name, arm in trained.items()
+    }
+    try:
+      value = float(claim.derived.fn(workdirs))
+    except ValueError as e:
+      raise RuntimeError(f'{claim.id} seed {seed}: {e}') from None
+    log(f'  {claim.derived.name} seed {seed}: {value:.4g}')
+    values.append(value)
+  return {claim.derived.name: {'seeds': list(seeds), 'values': values}}
+
+
 def measure_samplings(claim, seeds, budget, runs_dir, log=print) -> dict:
   """The claim's sampling arms at matched entropy, one value per seed.
 
@@ -439,6 +461,10 @@ def reproduce(
     record['arms'] = got['arms']
     record['target_entropy_bits'] = got['target_entropy_bits']
     record['notes'] = matched_sampling.notes(claim, got, budget)
+  elif claim.derived:
+    record['trained'] = measure_arms(claim, seeds, budget, runs_dir, log)
+    record['arms'] = derive(claim, record['trained'], seeds, log)
+    record['notes'] = claim.derived.describe
   else:
     record['arms'] = measure_arms(claim, seeds, budget, runs_dir, log)
   # Wall time of this command (reused runs cost nothing): a cost, not a

@@ -354,6 +354,93 @@ def test_details_come_from_the_validation_that_chose_the_tested_params(
     records.validate(rec)
 
 
+def _write_curve(workdir, points):
+  os.makedirs(workdir, exist_ok=True)
+  rows = [
+    {'step': step, 'split': split, 'bits_per_token': value}
+    for step, value, split in points
+  ]
+  with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
+    f.write(''.join(json.dumps(r) + '\n' for r in rows))
+
+
+def test_steps_to_reach_interpolates_between_evaluations():
+  from experiments.claims import curves
+
+  curve = [(100, 4.0), (200, 3.0), (300, 2.5)]
+  # 3.0 -> 2.5 over 100 steps: 2.75 is half way.
+  assert curves.steps_to_reach(curve, 2.75) == pytest.approx(250.0)
+  assert curves.steps_to_reach(curve, 3.0) == 200.0
+  assert curves.steps_to_reach(curve, 5.0) == 100.0  # The first point.
+  assert curves.steps_to_reach(curve, 2.0) is None
+  # A curve that goes back up is read where it first gets there.
+  assert curves.steps_to_reach([(1, 3.0), (2, 1.0), (3, 3.0)], 2.0) == 1.5
+
+
+def test_extra_steps_is_signed_and_refuses_a_slow_run_that_never_gets_there():
+  from experiments.claims import curves
+
+  fast = [(500, 3.0), (1000, 2.6)]
+  slow = [(1000, 2.8), (1200, 2.7), (1400, 2.5)]
+  # 2.6 is half way from step 1200 to 1400: 1300 steps, 30% more.
+  assert curves.extra_steps_percent(fast, slow) == pytest.approx(30.0)
+  # A slow run that gets there first: 2.6 is 60% of the way from step
+  # 100 to 500, step 340, 66% fewer steps.
+  quick = [(100, 2.9), (500, 2.4)]
+  assert curves.extra_steps_percent(fast, quick) == pytest.approx(-66.0)
+  with pytest.raises(ValueError, match='train it longer'):
+    curves.extra_steps_percent(fast, [(1000, 2.9), (2000, 2.7)])
+  with pytest.raises(ValueError, match='no validation'):
+    curves.extra_steps_percent(fast, [])
+
+
+def test_a_derived_claim_computes_its_value_from_each_seeds_runs(tmp_path):
+  from experiments import reproduce
+  from experiments.claims import curves
+
+  claim = registry.get('simple-ce-flops-efficiency')
+  assert claim.derived.name == claim.rule.arm
+  trained = {'simple_ce': {'workdirs': []}, 'nelbo': {'workdirs': []}}
+  # Seed 0: NELBO needs 1500 steps (+50%); seed 1: it gets there at 800.
+  for seed, nelbo_at_1000, nelbo_at_2000 in ((0, 2.8, 2.4), (1, 2.5, 2.4)):
+    ce = tmp_path / f'ce{seed}'
+    nelbo = tmp_path / f'nelbo{seed}'
+    _write_curve(ce, [(500, 3.0, 'validation'), (1000, 2.6, 'validation')])
+    _write_curve(
+      nelbo,
+      [
+        (600, 2.7, 'validation'),
+        (1000, nelbo_at_1000, 'validation'),
+        # Only the periodic validation rows make the curve.
+        (1000, 0.1, 'final_validation'),
+        (2000, nelbo_at_2000, 'validation'),
+      ],
+    )
+    trained['simple_ce']['workdirs'].append(os.path.relpath(ce, ROOT))
+    trained['nelbo']['workdirs'].append(os.path.relpath(nelbo, ROOT))
+  got = reproduce.derive(claim, trained, (0, 1), log=lambda _: None)
+  values = got['extra_steps']['values']
+  assert got['extra_steps']['seeds'] == [0, 1]
+  assert values == pytest.approx([50.0, -20.0])
+  # A resumed run that evaluated step 1000 twice is read at its last row.
+  _write_curve(
+    tmp_path / 'resumed',
+    [(1000, 3.0, 'validation'), (1000, 2.6, 'validation')],
+  )
+  assert curves.validation_curve(str(tmp_path / 'resumed')) == [(1000, 2.6)]
+  _write_curve(tmp_path / 'nelbo0', [(2000, 2.9, 'validation')])
+  with pytest.raises(RuntimeError, match='seed 0: .*train it longer'):
+    reproduce.derive(claim, trained, (0, 1), log=lambda _: None)
+
+
+def test_a_derived_value_needs_trained_arms_and_no_samplings():
+  import dataclasses
+
+  base = registry.get('simple-ce-flops-efficiency')
+  with pytest.raises(ValueError, match='derived value'):
+    dataclasses.replace(base, arms=())
+
+
 def test_results_doc_is_generated_from_the_records():
   from experiments import results_doc
 

@@ -181,6 +181,22 @@ SCORER_SEED = 0
 
 
 @dataclasses.dataclass(frozen=True)
+class Derived:
+  """A value per training seed computed from several arms' runs at once.
+
+  For a claim whose number is a relation between runs rather than one
+  run's summary (how many steps one arm needs to reach another's bound):
+  ``fn`` takes ``{arm name: workdir}`` of one seed and returns the value;
+  the record's arm ``name`` holds one value per seed (what the rule
+  reads) and the trained arms' own bounds go to its ``trained`` field.
+  """
+
+  name: str
+  fn: Callable[[Mapping[str, str]], float]
+  describe: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
 class Measurement:
   """A command that measures a claim without ``experiments.run`` arms.
 
@@ -259,6 +275,8 @@ class Claim:
       without arms: a timing benchmark or a training sweep.
     samplings: sample-quality arms drawn from the trained ``arms`` (the
       record's arms are then these, at matched entropy, not the bounds).
+    derived: a value computed per seed from all the arms' runs (the
+      record's arm is then this value, not the arms' bounds).
     scorer: the AR run that scores the samplings (trained once, seed
       ``SCORER_SEED``); required with samplings.
     metric_key: dotted key of the metric in each run's summary.json.
@@ -298,6 +316,7 @@ class Claim:
   samplings: tuple[Sampling, ...] = ()
   scorer: Arm | None = None
   measurement: Measurement | None = None
+  derived: Derived | None = None
   metric_key: str = 'validation.bits_per_token'
   metric_scale: float = 1.0
   seeds: tuple[int, ...] = (0, 1, 2)
@@ -328,6 +347,11 @@ class Claim:
       raise ValueError(
         f'claim {self.id}: a measured claim runs its own command on this '
         'host; it trains no arms and needs no accelerator'
+      )
+    if self.derived and (self.samplings or not self.arms):
+      raise ValueError(
+        f'claim {self.id}: a derived value is computed from trained arms; '
+        'give arms and no samplings'
       )
     if not self.samplings:
       return
