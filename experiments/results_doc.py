@@ -95,7 +95,7 @@ def arm_text(name: str, arm: dict) -> str:
 
 
 def _rule_arms(rule) -> list[str]:
-  if isinstance(rule, v.Compare):
+  if isinstance(rule, (v.Compare, v.Ratio)):
     return [rule.arm, rule.baseline]
   if isinstance(rule, (v.Threshold, v.Match)):
     return [rule.arm]
@@ -115,6 +115,11 @@ def ours_text(claim: spec.Claim, rec: dict | None) -> str:
     arm = rec['arms'].get(name)
     if arm:
       parts.append(arm_text(name, arm))
+  if isinstance(claim.rule, v.Ratio):
+    try:
+      parts.append(arm_text(claim.rule.name, v.ratios(claim.rule, rec)))
+    except KeyError:
+      pass  # Its verdict says why there is no ratio.
   return '; '.join(parts) or '-'
 
 

@@ -126,6 +126,50 @@ def test_compare_single_seed_uses_the_recorded_standard_errors():
   assert got.label == v.PARTIAL and '1 training seed' in got.reason
 
 
+# Ratio ----------------------------------------------------------------------
+
+
+def test_ratio_is_judged_seed_by_seed_against_its_target():
+  rule = v.Ratio('long', 'short', 1.25, '<=')
+  arms = {
+    'long': _arm([60.0, 66.0, 70.0]),
+    'short': _arm([50.0, 60.0, 50.0]),
+  }
+  # 1.2, 1.1, 1.4: the mean 1.233 meets 1.25, seed 2 does not.
+  got = v.judge(rule, _rec(arms))
+  assert got.label == v.PARTIAL and 'met on 2 of 3' in got.reason
+  assert 'long/short' in got.reason
+  arms['long']['values'] = [55.0, 66.0, 60.0]  # 1.1, 1.1, 1.2
+  assert v.judge(rule, _rec(arms)).label == v.REPRODUCED
+  arms['long']['values'] = [70.0, 80.0, 70.0]  # Every ratio > 1.25.
+  assert v.judge(rule, _rec(arms)).label == v.MISS
+  higher = v.Ratio('long', 'short', 1.25, '>=')
+  assert v.judge(higher, _rec(arms)).label == v.REPRODUCED
+
+
+def test_ratio_needs_paired_seeds_and_matched_entropy():
+  rule = v.Ratio('long', 'short', 1.25, '<=', entropy_tol=0.02)
+  arms = {
+    'long': _arm([55.0, 66.0, 60.0], entropy=4.40),
+    'short': _arm([50.0, 60.0, 50.0], entropy=4.41),
+  }
+  assert v.judge(rule, _rec(arms)).label == v.REPRODUCED
+  # Sharper long samples flatter a ratio that must stay low.
+  arms['long']['entropy'] = 4.30
+  got = v.judge(rule, _rec(arms))
+  assert got.label == v.PARTIAL and 'long has 0.110 bits less' in got.reason
+  arms['long']['entropy'] = 4.60  # Flatter long samples are not suspect.
+  assert v.judge(rule, _rec(arms)).label == v.REPRODUCED
+  del arms['long']['entropy']
+  assert 'not recorded' in v.judge(rule, _rec(arms)).reason
+  # Means without per-seed values, or other seeds, give no ratio at all.
+  arms['short'] = {'mean': 50.0, 'n': 3, 'se': 1.0}
+  assert v.judge(rule, _rec(arms)).label == v.NOT_RUN
+  arms['short'] = {'values': [50.0, 60.0, 50.0], 'seeds': [1, 2, 3]}
+  got = v.judge(rule, _rec(arms))
+  assert got.label == v.NOT_RUN and 'same seeds' in got.reason
+
+
 # Match, Ordering, ExactTest -------------------------------------------------
 
 

@@ -53,6 +53,28 @@ class Threshold:
 
 
 @dataclasses.dataclass(frozen=True)
+class Ratio:
+  """``arm``'s metric over ``baseline``'s, seed by seed, meets a target.
+
+  ``entropy_tol`` (bits) makes it a matched-entropy ratio: both arms'
+  sample entropies must be recorded, and the arm may not be sharper than
+  the baseline by more than this where sharpness flatters the ratio (a
+  lower entropy lowers gen-ppl, so it helps a ``<=`` target).
+  """
+
+  arm: str
+  baseline: str
+  target: float
+  direction: str = '<='  # or '>='
+  min_seeds: int = 3
+  entropy_tol: float | None = None
+
+  @property
+  def name(self) -> str:
+    return f'{self.arm}/{self.baseline}'
+
+
+@dataclasses.dataclass(frozen=True)
 class Compare:
   """``arm`` beats ``baseline``: its metric is lower (or higher).
 
@@ -224,6 +246,49 @@ def threshold(rule: Threshold, record: Mapping[str, Any]) -> Verdict:
   return Verdict(REPRODUCED, f'{text}: {every}')
 
 
+def ratios(rule: Ratio, record: Mapping[str, Any]) -> dict[str, Any]:
+  """The record's per-seed ratios of ``rule``, as an arm {'seeds', 'values'}.
+
+  Raises KeyError (the claim is then 'not run') unless both arms carry
+  per-seed values on the same seeds: a ratio of means hides its spread.
+  """
+  a, b = _arm(record, rule.arm), _arm(record, rule.baseline)
+  if (
+    not a.get('values')
+    or not b.get('values')
+    or a.get('seeds') != b.get('seeds')
+  ):
+    raise KeyError(
+      f'{rule.name} needs per-seed values of both arms on the same seeds'
+    )
+  values = [float(x) / float(y) for x, y in zip(a['values'], b['values'])]
+  return {'seeds': list(a['seeds']), 'values': values}
+
+
+def ratio(rule: Ratio, record: Mapping[str, Any]) -> Verdict:
+  arm = ratios(rule, record)
+  got = threshold(
+    Threshold(rule.name, rule.target, rule.direction, rule.min_seeds),
+    {**record, 'arms': {rule.name: arm}},
+  )
+  got = Verdict(got.label, f'{rule.name}: {got.reason}')
+  if rule.entropy_tol is None or got.label != REPRODUCED:
+    return got
+  ha = _entropy(_arm(record, rule.arm))
+  hb = _entropy(_arm(record, rule.baseline))
+  if ha is None or hb is None:
+    return Verdict(PARTIAL, f'{got.reason}; sample entropy not recorded')
+  sharper = hb - ha if rule.direction == '<=' else ha - hb
+  if sharper > rule.entropy_tol:
+    who = rule.arm if rule.direction == '<=' else rule.baseline
+    return Verdict(
+      PARTIAL,
+      f'{got.reason}; {who} has {sharper:.3f} bits less entropy '
+      f'(> {rule.entropy_tol:g}): not matched',
+    )
+  return got
+
+
 def _entropy(arm: Mapping[str, Any]) -> float | None:
   h = arm.get('entropy')
   if h is None:
@@ -363,6 +428,7 @@ def exact(rule: ExactTest, record: Mapping[str, Any]) -> Verdict:
 
 _JUDGES = {
   Threshold: threshold,
+  Ratio: ratio,
   Compare: compare,
   Match: match,
   Ordering: ordering,
