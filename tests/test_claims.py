@@ -114,6 +114,22 @@ def test_compare_matched_entropy_caps_a_sharper_winner():
   assert v.judge(rule, _rec(arms)).label == v.PARTIAL
 
 
+def test_compare_higher_is_better_caps_a_mismatch_either_way():
+  # Higher gen-ppl as damage (or MAUVE): a flatter arm is ahead for free.
+  rule = v.Compare('middle', 'late', 'higher', entropy_tol=0.02)
+  arms = {
+    'middle': _arm([45.0, 46.0, 47.0], entropy=4.40),
+    'late': _arm([40.0, 41.0, 40.5], entropy=4.40),
+  }
+  assert v.judge(rule, _rec(arms)).label == v.REPRODUCED
+  arms['middle']['entropy'] = 4.50
+  got = v.judge(rule, _rec(arms))
+  assert got.label == v.PARTIAL and '0.100 bits more entropy' in got.reason
+  arms['middle']['entropy'] = 4.30
+  got = v.judge(rule, _rec(arms))
+  assert got.label == v.PARTIAL and '0.100 bits less entropy' in got.reason
+
+
 def test_compare_single_seed_uses_the_recorded_standard_errors():
   rule = v.Compare('a', 'b', 'lower')
   rec = _rec(
@@ -145,6 +161,19 @@ def test_ratio_is_judged_seed_by_seed_against_its_target():
   assert v.judge(rule, _rec(arms)).label == v.MISS
   higher = v.Ratio('long', 'short', 1.25, '>=')
   assert v.judge(higher, _rec(arms)).label == v.REPRODUCED
+
+
+def test_ratio_of_another_per_seed_field():
+  rule = v.Ratio('early', 'heavy', 0.83, field='flops_per_sample')
+  arms = {
+    'early': _arm([9.0, 9.0, 9.0], flops_per_sample=[70.0, 80.0, 75.0]),
+    'heavy': _arm([8.0, 8.0, 8.0], flops_per_sample=[100.0, 100.0, 100.0]),
+  }
+  got = v.judge(rule, _rec(arms))
+  assert got.label == v.REPRODUCED
+  assert 'early/heavy flops_per_sample: mean 0.75' in got.reason
+  del arms['heavy']['flops_per_sample']
+  assert v.judge(rule, _rec(arms)).label == v.NOT_RUN
 
 
 def test_ratio_needs_paired_seeds_and_matched_entropy():
@@ -475,6 +504,16 @@ def test_a_derived_claim_computes_its_value_from_each_seeds_runs(tmp_path):
   _write_curve(tmp_path / 'nelbo0', [(2000, 2.9, 'validation')])
   with pytest.raises(RuntimeError, match='seed 0: .*train it longer'):
     reproduce.derive(claim, trained, (0, 1), log=lambda _: None)
+
+
+def test_a_scheduled_sampling_names_its_light_arm():
+  import dataclasses
+
+  claim = registry.get('scheduling-saves-flops')
+  assert {s.light for s in claim.samplings} == {'light'}
+  bad = dataclasses.replace(claim.samplings[0], light='lite')
+  with pytest.raises(ValueError, match="unknown arm 'lite'"):
+    dataclasses.replace(claim, samplings=(bad,))
 
 
 def test_a_derived_value_needs_trained_arms_and_no_samplings():

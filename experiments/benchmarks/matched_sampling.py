@@ -209,12 +209,14 @@ def result_dir(out: str, arm_key: str, settings: dict) -> str:
 
 def arm_entry(rows: list[dict], seeds) -> dict:
   """A record's arm: gen-ppl at matched entropy, the entropy (bits) it was
-  read at and the NFE, one per training seed."""
+  read at, the NFE and the sampling FLOPs per sample (at the sweep's first
+  temperature), one per training seed."""
   return {
     'seeds': list(seeds),
     'values': [r['gen_ppl'] for r in rows],
     'entropy': [r['entropy_bits'] for r in rows],
     'nfe': [r['nfe'] for r in rows],
+    'flops_per_sample': [r['flops_per_sample'] for r in rows],
   }
 
 
@@ -264,6 +266,10 @@ def measure_claim(
         'run': f'{key}/s{seed}',
         'scorer': scorer_run[1],
       }
+      light_dir = None
+      if sampling.light:
+        light_dir, light_key = runs[sampling.light][seed]
+        fields['light'] = f'{light_key}/s{seed}'
       saved = seed_results.load_matching(file, **fields)
       if saved is None:
         run = load(workdir)
@@ -278,6 +284,7 @@ def measure_claim(
           num_samples=settings['num_samples'],
           seed=seed,
           scorer=scorer[0],
+          light_run=load(light_dir) if light_dir else None,
           scaled=settings.get('scaled', ()),
         )
         saved = {

@@ -108,6 +108,8 @@ class Sampling:
   temperature is the sweep's, never a parameter. A sampler that anneals
   its own temperatures (DiffusionGemma's canvas sampler) names them in
   ``scaled``: each sweep value then multiplies those params instead.
+  ``light`` names the arm whose seed-S run is the light network of a
+  model-scheduling sampler ('scheduled').
   """
 
   name: str
@@ -117,6 +119,7 @@ class Sampling:
   temperatures: tuple[float, ...] = TEMPERATURES
   num_samples: int = 32
   scaled: tuple[str, ...] = ()
+  light: str = ''
 
   def __post_init__(self):
     temps = self.temperatures
@@ -363,6 +366,11 @@ class Claim:
         raise ValueError(
           f'claim {self.id}: sampling {s.name} draws from unknown arm '
           f'{s.arm!r}; name one of {names}'
+        )
+      if s.light and s.light not in names:
+        raise ValueError(
+          f'claim {self.id}: sampling {s.name} schedules unknown arm '
+          f'{s.light!r} as its light network; name one of {names}'
         )
     if self.scorer is None:
       raise ValueError(

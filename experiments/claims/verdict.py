@@ -60,6 +60,8 @@ class Ratio:
   sample entropies must be recorded, and the arm may not be sharper than
   the baseline by more than this where sharpness flatters the ratio (a
   lower entropy lowers gen-ppl, so it helps a ``<=`` target).
+  ``field`` is the per-seed list of the arms that is divided: their
+  ``values`` (the metric), or another such as ``flops_per_sample``.
   """
 
   arm: str
@@ -68,10 +70,12 @@ class Ratio:
   direction: str = '<='  # or '>='
   min_seeds: int = 3
   entropy_tol: float | None = None
+  field: str = 'values'
 
   @property
   def name(self) -> str:
-    return f'{self.arm}/{self.baseline}'
+    ratio = f'{self.arm}/{self.baseline}'
+    return ratio if self.field == 'values' else f'{ratio} {self.field}'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +83,9 @@ class Compare:
   """``arm`` beats ``baseline``: its metric is lower (or higher).
 
   ``entropy_tol`` (bits) makes it a matched-entropy comparison: the two
-  arms' sample entropies must be recorded and differ by at most this.
+  arms' sample entropies must be recorded, and the arm may be sharper than
+  the baseline by at most this; with ``better='higher'`` it may not be
+  flatter by more either.
   ``min_effect`` is the smallest difference that counts as the claim's.
   """
 
@@ -250,18 +256,15 @@ def ratios(rule: Ratio, record: Mapping[str, Any]) -> dict[str, Any]:
   """The record's per-seed ratios of ``rule``, as an arm {'seeds', 'values'}.
 
   Raises KeyError (the claim is then 'not run') unless both arms carry
-  per-seed values on the same seeds: a ratio of means hides its spread.
+  the per-seed field on the same seeds: a ratio of means hides its spread.
   """
   a, b = _arm(record, rule.arm), _arm(record, rule.baseline)
-  if (
-    not a.get('values')
-    or not b.get('values')
-    or a.get('seeds') != b.get('seeds')
-  ):
+  top, bottom = a.get(rule.field), b.get(rule.field)
+  if not top or not bottom or a.get('seeds') != b.get('seeds'):
     raise KeyError(
-      f'{rule.name} needs per-seed values of both arms on the same seeds'
+      f'{rule.name} needs per-seed {rule.field} of both arms on the same seeds'
     )
-  values = [float(x) / float(y) for x, y in zip(a['values'], b['values'])]
+  values = [float(x) / float(y) for x, y in zip(top, bottom)]
   return {'seeds': list(a['seeds']), 'values': values}
 
 
@@ -339,10 +342,17 @@ def compare(rule: Compare, record: Mapping[str, Any]) -> Verdict:
     if ha is None or hb is None:
       caps.append('sample entropy not recorded')
     elif hb - ha > rule.entropy_tol:
-      # Only a sharper winner is suspect: lower entropy alone lowers
-      # gen-ppl, higher entropy does not help it.
+      # For a lower-is-better metric (gen-ppl) only a sharper winner is
+      # suspect: lower entropy alone lowers gen-ppl.
       caps.append(
         f'{rule.arm} has {hb - ha:.3f} bits less entropy '
+        f'(> {rule.entropy_tol:g}): not matched'
+      )
+    elif rule.better == 'higher' and ha - hb > rule.entropy_tol:
+      # Higher-is-better (MAUVE, or gen-ppl as a measure of damage): a
+      # flatter arm can be ahead by its entropy alone, so either way counts.
+      caps.append(
+        f'{rule.arm} has {ha - hb:.3f} bits more entropy '
         f'(> {rule.entropy_tol:g}): not matched'
       )
   if se is None or gain - rule.min_effect <= 2 * se:
