@@ -109,6 +109,12 @@ def test_converted_claims_sample_the_bound_claims_runs():
     'dgemma-samples-vs-bd3',
     'did-beats-block',
     'bd3-samples-beat-mdlm',
+    'bd3-longer-than-training',
+    'psi-keeps-improving',
+    'sm-gen-ppl',
+    'scheduling-middle-most-sensitive',
+    'scheduling-middle-most-sensitive-bpe',
+    'scheduling-saves-flops',
   }
   for claim in converted:
     ms.check(claim)  # Every sampler takes its params and a temperature.

@@ -64,6 +64,17 @@ def _uniform(name: str, steps: int, *extra, num_samples: int = 32):
   )
 
 
+def _psi(name: str, steps: int):
+  """The Psi sampler (max-capped eta, greedy tail) on the UDLM runs."""
+  return Sampling(
+    name,
+    'udlm',
+    'psi',
+    (('num_steps', steps), *_PSI_PARAMS),
+    temperatures=_UNIFORM_TEMPERATURES,
+  )
+
+
 CLAIMS = (
   Claim(
     id='masked-beats-uniform-bound',
@@ -148,11 +159,11 @@ CLAIMS = (
     metric='AR-twin gen-ppl',
     protocol=MATCHED_ENTROPY,
     rule=Compare('psi_1024', 'psi_256', 'lower', entropy_tol=ENTROPY_TOL),
-    command=(
-      f'{_SWEEP} --workdir=runs/udlm_sS --scorer=runs/ar_quickstart '
-      f"--num_samples=32 --samplers='{_PSI}' --steps=256,1024, S = 0, 1, 2"
-    ),
-    cost_minutes=90,
+    arms=(UDLM,),
+    samplings=(_psi('psi_1024', 1024), _psi('psi_256', 256)),
+    scorer=AR_SCORER,
+    command=f'{_REPRO} psi-keeps-improving',
+    cost_minutes=60,
   ),
   Claim(
     id='psi-beats-ancestral',
@@ -168,13 +179,7 @@ CLAIMS = (
     rule=Compare('psi', 'ancestral', 'lower', entropy_tol=ENTROPY_TOL),
     arms=(UDLM,),
     samplings=(
-      Sampling(
-        'psi',
-        'udlm',
-        'psi',
-        (('num_steps', 256), *_PSI_PARAMS),
-        temperatures=_UNIFORM_TEMPERATURES,
-      ),
+      _psi('psi', 256),
       _uniform('ancestral', 256),
     ),
     scorer=AR_SCORER,
