@@ -338,3 +338,27 @@ def test_unknown_arm_is_a_clear_error():
   with pytest.raises(ValueError, match='unknown arm'):
     sm_continue.get_config('smx')
   assert sm_continue.equal_compute_steps(300, 0.8) == 380
+
+
+def test_the_bpe_arms_continue_the_word_level_quickstart():
+  from experiments.configs import quickstart_bpe
+
+  base = quickstart_bpe.get_config('')
+  for arm in sm_continue.ARMS:
+    c = sm_continue.get_config(f'{arm},bpe')
+    # Everything the warm start must share with the base run is the base's.
+    for block, key in (
+      ('data', 'tokenizer'),
+      ('data', 'bpe_vocab_size'),
+      ('data', 'seq_len'),
+      ('model', 'width'),
+      ('model', 'depth'),
+      ('train', 'batch_size'),
+    ):
+      assert c[block][key] == base[block][key], (arm, key)
+    assert c.train.init_from == 'runs/quickstart_bpe'
+    assert c.soft_mask.enabled == (arm == 'sm')
+    # The continued training is the character regime's.
+    char = sm_continue.get_config(arm)
+    assert c.train.num_steps == char.train.num_steps
+    assert c.optim.learning_rate == char.optim.learning_rate

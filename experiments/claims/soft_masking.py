@@ -25,16 +25,18 @@ _REPRO = 'python -m experiments.reproduce'
 _FRACTION = 300 * 4096 / (100_000 * 512 * 1024)
 
 
-def _arms(base_config):
+def _arms(base_config, regime=''):
+  flag = f',{regime}' if regime else ''
   return (
     Arm('base', base_config),
-    Arm('sm', f'{_SM}:sm', init_from='base'),
-    Arm('plain', f'{_SM}:plain', init_from='base'),
-    Arm('plain_equal', f'{_SM}:plain_equal', init_from='base'),
+    Arm('sm', f'{_SM}:sm{flag}', init_from='base'),
+    Arm('plain', f'{_SM}:plain{flag}', init_from='base'),
+    Arm('plain_equal', f'{_SM}:plain_equal{flag}', init_from='base'),
   )
 
 
 _CHAR_ARMS = _arms('experiments/configs/mdlm_quickstart.py')
+_BPE_ARMS = _arms('experiments/configs/quickstart_bpe.py', 'bpe')
 
 
 def _cached_ancestral(arm: str, steps: int) -> Sampling:
@@ -133,12 +135,8 @@ CLAIMS = (
     metric='validation bound, bits/token',
     protocol=EQUAL_STEPS,
     rule=Compare('sm', 'plain', 'lower'),
-    command=(
-      'python -m experiments.sweep_soft_masking '
-      '--init_from=runs/quickstart_bpe --scorer=runs/quickstart_bpe_ar '
-      '--base=experiments/configs/quickstart_bpe.py --seeds=0,1,2 '
-      '--steps=16,48 --num_samples=128 --out=runs/sm_bpe'
-    ),
+    arms=_BPE_ARMS[:3],
+    command=f'{_REPRO} sm-bound-equal-steps-bpe',
     bound='full',
     budget_fraction=_FRACTION,
     cost_minutes=60,

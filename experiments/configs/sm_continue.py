@@ -10,6 +10,10 @@ config argument ARM[,smoke]:
                one extra forward (~1/3 of a forward+backward), so
                steps * (1 + sm_prob / 3).
 
+With `bpe` (`sm,bpe`, `plain,bpe`, ...) the arms continue the word-level
+quickstart's MDLM instead (`quickstart_bpe.py`, default runs/quickstart_bpe):
+its tokenizer, sequence length and batch, the same continued training.
+
 Commands (docs/HISTORY.md section 7):
   python -m experiments.run --config=experiments/configs/sm_continue.py:sm \
     --workdir=runs/sm/sm_s0 --config.seed=0
@@ -22,11 +26,11 @@ SM scalars 1e-2, sm_prob 0.8, k 3); w_s starts at 0.2 instead of ~0 because
 reach 0.5).
 """
 
-from experiments.configs import quickstart
-from experiments.configs.common import Choice, parse_arg
+from experiments.configs import quickstart, quickstart_bpe
+from experiments.configs.common import Choice, Flag, parse_arg
 
 ARMS = ('sm', 'plain', 'plain_equal')
-ARGS = (Choice('arm', ARMS),)  # 'ARM[,smoke]'
+ARGS = (Choice('arm', ARMS), Flag('bpe'))  # 'ARM[,bpe][,smoke]'
 SMOKE_ARG = 'sm,smoke'
 STEPS = 300
 
@@ -37,9 +41,12 @@ def equal_compute_steps(steps: int, sm_prob: float) -> int:
 
 
 def get_config(arg: str = 'sm'):
-  arm, preset = parse_arg(arg, *ARGS)
+  arm, bpe, preset = parse_arg(arg, *ARGS)
   c = quickstart.recipe(preset)
   c.train.init_from = 'runs/mdlm_quickstart'
+  if bpe:  # The word-level regime: continue quickstart_bpe.py's MDLM.
+    quickstart_bpe.apply_bpe(c, preset)
+    c.train.init_from = 'runs/quickstart_bpe'
   c.optim.learning_rate = 3e-4
   c.optim.warmup_steps = 20
   c.soft_mask.w_s_init = 0.2
