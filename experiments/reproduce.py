@@ -267,19 +267,24 @@ def measure_arms(claim, seeds, budget, runs_dir, log=print) -> dict:
 
 def derive(claim: spec.Claim, trained: dict, seeds, log=print) -> dict:
   """The claim's derived arm: one value per seed from all its arms' runs."""
-  values = []
+  out = {}
   for i, seed in enumerate(seeds):
     workdirs = {
       name: os.path.normpath(os.path.join(ROOT, arm['workdirs'][i]))
       for name, arm in trained.items()
     }
     try:
-      value = float(claim.derived.fn(workdirs))
+      got = claim.derived.fn(workdirs)
     except ValueError as e:
       raise RuntimeError(f'{claim.id} seed {seed}: {e}') from None
-    log(f'  {claim.derived.name} seed {seed}: {value:.4g}')
-    values.append(value)
-  return {claim.derived.name: {'seeds': list(seeds), 'values': values}}
+    if not isinstance(got, Mapping):
+      got = {claim.derived.name: got}
+    for name, value in got.items():
+      log(f'  {name} seed {seed}: {value:.4g}')
+      entry = out.setdefault(name, {'seeds': [], 'values': []})
+      entry['seeds'].append(seed)
+      entry['values'].append(float(value))
+  return out
 
 
 def measure_samplings(claim, seeds, budget, runs_dir, log=print) -> dict:

@@ -38,7 +38,7 @@ import sys
 import numpy as np
 
 from ddlm_jax.evaluation import soft_masking
-from ddlm_jax.tasks.language_model import load_run
+from ddlm_jax.tasks.language_model import chars_per_token, load_run
 from experiments import sweeps
 from experiments.configs import quickstart, sm_continue
 from experiments.configs.common import config_arg, override
@@ -142,14 +142,6 @@ def check_init_from(config, init_from: str):
       f'arms ({"; ".join(bad)}); pass --base=CONFIG.py with the config that '
       'run was trained with (e.g. experiments/configs/quickstart_bpe.py).'
     )
-
-
-def chars_per_token(workdir: str) -> float:
-  """Characters per token of the run's validation split (1 for chars)."""
-  run = load_run(workdir)
-  run.close()
-  ids = np.asarray(run.data.splits['validation'])
-  return len(run.data.tokenizer.decode(ids)) / max(ids.size, 1)
 
 
 def train_arms(arms, seeds, args):

@@ -438,7 +438,7 @@ def _write_curve(workdir, points):
 
 
 def test_steps_to_reach_interpolates_between_evaluations():
-  from experiments.claims import curves
+  from experiments.claims import derived as curves
 
   curve = [(100, 4.0), (200, 3.0), (300, 2.5)]
   # 3.0 -> 2.5 over 100 steps: 2.75 is half way.
@@ -451,7 +451,7 @@ def test_steps_to_reach_interpolates_between_evaluations():
 
 
 def test_extra_steps_is_signed_and_refuses_a_slow_run_that_never_gets_there():
-  from experiments.claims import curves
+  from experiments.claims import derived as curves
 
   fast = [(500, 3.0), (1000, 2.6)]
   slow = [(1000, 2.8), (1200, 2.7), (1400, 2.5)]
@@ -469,7 +469,7 @@ def test_extra_steps_is_signed_and_refuses_a_slow_run_that_never_gets_there():
 
 def test_a_derived_claim_computes_its_value_from_each_seeds_runs(tmp_path):
   from experiments import reproduce
-  from experiments.claims import curves
+  from experiments.claims import derived as curves
 
   claim = registry.get('simple-ce-flops-efficiency')
   assert claim.derived.name == claim.rule.arm
@@ -504,6 +504,33 @@ def test_a_derived_claim_computes_its_value_from_each_seeds_runs(tmp_path):
   _write_curve(tmp_path / 'nelbo0', [(2000, 2.9, 'validation')])
   with pytest.raises(RuntimeError, match='seed 0: .*train it longer'):
     reproduce.derive(claim, trained, (0, 1), log=lambda _: None)
+
+
+def test_ar_gaps_are_in_bits_per_character_of_each_tokenizer(
+  tmp_path, monkeypatch
+):
+  from ddlm_jax.tasks import language_model
+  from experiments import reproduce
+
+  claim = registry.get('bpe-narrows-ar-gap')
+  bits = {'mdlm': 3.30, 'ar': 2.27, 'mdlm_bpe': 8.00, 'ar_bpe': 6.00}
+  trained = {}
+  for name, value in bits.items():
+    workdir = tmp_path / name
+    workdir.mkdir()
+    summary = {'validation': {'bits_per_token': value}}
+    (workdir / 'summary.json').write_text(json.dumps(summary))
+    trained[name] = {'workdirs': [os.path.relpath(workdir, ROOT)]}
+  # BPE tokens hold 2.5 characters here, a character one.
+  monkeypatch.setattr(
+    language_model,
+    'chars_per_token',
+    lambda w: 2.5 if os.path.basename(w).endswith('_bpe') else 1.0,
+  )
+  got = reproduce.derive(claim, trained, (0,), log=lambda _: None)
+  assert got['char']['values'] == pytest.approx([1.03])
+  assert got['bpe']['values'] == pytest.approx([0.8])  # 2.0 bits / 2.5
+  assert v.judge(claim.rule, _rec(got)).label == v.PARTIAL  # One seed.
 
 
 def test_a_scheduled_sampling_names_its_light_arm():

@@ -545,6 +545,16 @@ def load_run(workdir: str, overrides: dict | None = None) -> Run:
   return run
 
 
+def chars_per_token(workdir: str, split: str = 'validation') -> float:
+  """Characters per token of a run's split (1 for a character tokenizer):
+  what turns its bits per token into bits per character, the unit in
+  which runs with different tokenizers compare."""
+  run = load_run(workdir)
+  run.close()
+  ids = np.asarray(run.data.splits[split])
+  return len(run.data.tokenizer.decode(ids)) / max(ids.size, 1)
+
+
 def restore_state(workdir: str, overrides: dict | None = None):
   """The newest checkpoint's whole train state (optimizer moments and EMA
   too), for tools that compare or inspect training; readers that score or

@@ -189,13 +189,14 @@ class Derived:
 
   For a claim whose number is a relation between runs rather than one
   run's summary (how many steps one arm needs to reach another's bound):
-  ``fn`` takes ``{arm name: workdir}`` of one seed and returns the value;
-  the record's arm ``name`` holds one value per seed (what the rule
-  reads) and the trained arms' own bounds go to its ``trained`` field.
+  ``fn`` takes ``{arm name: workdir}`` of one seed and returns the value
+  of the record's arm ``name``, or a mapping {record arm: value}; each
+  such arm holds one value per seed (what the rule reads) and the trained
+  arms' own bounds go to the record's ``trained`` field.
   """
 
   name: str
-  fn: Callable[[Mapping[str, str]], float]
+  fn: Callable[[Mapping[str, str]], float | Mapping[str, float]]
   describe: str = ''
 
 

@@ -6,7 +6,7 @@ Every arm is the quickstart's 0.88M transformer recipe at 1000 steps, so
 the bound comparisons are at equal steps and equal training FLOPs.
 """
 
-from experiments.claims.curves import extra_steps_of
+from experiments.claims.derived import extra_steps_of
 from experiments.claims.spec import (
   AR_SCORER,
   ENTROPY_TOL,

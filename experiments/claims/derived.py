@@ -1,16 +1,22 @@
-"""Values read off training curves: how many steps a run needs to reach a bound.
+"""Values derived from several runs at once (``spec.Derived``).
 
-A "FLOPs-efficiency" claim (objective A reaches a loss in x% fewer steps
-than objective B at the same model and batch) is a statement about two
-validation curves, not about two final numbers. These functions read the
-periodic validation evaluations of a run (``metrics.jsonl``) and find where
-one curve reaches another's bound. Both runs must use a learning rate that
-does not depend on the run's length (constant after warm-up), or the
-shorter run's curve is not a prefix of the longer one's.
+Some claims are about a relation between runs, not one run's number:
+
+- A "FLOPs-efficiency" claim (objective A reaches a loss in x% fewer steps
+  than objective B at the same model and batch) is about two validation
+  curves. These functions read the periodic validation evaluations of a
+  run (``metrics.jsonl``) and find where one curve reaches another's
+  bound. Both runs must use a learning rate that does not depend on the
+  run's length (constant after warm-up), or the shorter run's curve is not
+  a prefix of the longer one's.
+- A gap between a diffusion model's bound and its AR twin's NLL, compared
+  across tokenizers, is a difference of two runs in bits per character.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping, Sequence
 
 from ddlm_jax.training.metrics import read_metrics
@@ -78,5 +84,31 @@ def extra_steps_of(fast_arm: str, slow_arm: str):
       validation_curve(workdirs[fast_arm]),
       validation_curve(workdirs[slow_arm]),
     )
+
+  return fn
+
+
+def bits_per_char(workdir: str, chars_per_token: float) -> float:
+  """A finished run's final validation bound (or NLL) in bits/character."""
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    summary = json.load(f)
+  return summary['validation']['bits_per_token'] / chars_per_token
+
+
+def ar_gaps_of(pairs: Mapping[str, tuple[str, str]]):
+  """A ``spec.Derived`` function: for each name, (diffusion arm, AR arm)
+  -> the diffusion bound minus the AR NLL of that seed, in bits/char."""
+
+  def fn(workdirs: Mapping[str, str]) -> dict[str, float]:
+    from ddlm_jax.tasks.language_model import chars_per_token
+
+    out = {}
+    for name, (diffusion, ar) in pairs.items():
+      # The two runs of a pair share the tokenizer: one ratio for both.
+      cpt = chars_per_token(workdirs[diffusion])
+      out[name] = bits_per_char(workdirs[diffusion], cpt) - bits_per_char(
+        workdirs[ar], cpt
+      )
+    return out
 
   return fn
