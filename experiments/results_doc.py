@@ -281,7 +281,7 @@ def _evidence(claim: spec.Claim, rec: dict | None) -> list[str]:
   lines.append('')
   lines.append(f'**{got.label}**: {got.reason}.')
   lines.append('')
-  if claim.arms or isinstance(claim.rule, v.ExactTest):
+  if claim.arms or claim.measurement or isinstance(claim.rule, v.ExactTest):
     lines.append(f'Reproduce: `python -m experiments.reproduce {claim.id}`')
     lines.append('')
   if not rec:
@@ -306,23 +306,42 @@ def _evidence(claim: spec.Claim, rec: dict | None) -> list[str]:
   lines.append('```')
   lines.append('')
   if rec.get('arms'):
-    lines.append('| arm | values | mean +- sd | entropy bits |')
-    lines.append('|---|---|---|---|')
-    for name, arm in rec['arms'].items():
-      st = v.stats(arm)
-      if st.values is not None:
-        seeds = arm.get('seeds')
-        if seeds:
-          vals = ', '.join(f's{s}: {_num(x)}' for s, x in zip(seeds, st.values))
-        else:
-          vals = ', '.join(_num(x) for x in st.values)
-      else:
-        vals = 'summary only'
-      sd = '-' if st.sd is None else f'{st.sd:.2g}'
-      ent = _entropy_text(arm.get('entropy'))
-      lines.append(f'| {name} | {vals} | {_num(st.mean)} +- {sd} | {ent} |')
-    lines.append('')
+    lines.extend(_arms_table(rec['arms']))
     lines.extend(_details_text(rec['arms']))
+  if rec.get('trained'):
+    lines.append(
+      'The trained runs the arms above were computed from (final '
+      'validation bound, bits/token):'
+    )
+    lines.append('')
+    lines.extend(_arms_table(rec['trained'], entropy=False))
+    lines.extend(_details_text(rec['trained']))
+  return lines
+
+
+def _arms_table(arms: dict, entropy: bool = True) -> list[str]:
+  """One row per arm: its per-seed values, mean +- sd (and entropy)."""
+  head = '| arm | values | mean +- sd |'
+  lines = [
+    head + (' entropy bits |' if entropy else ''),
+    '|---' * (3 + entropy) + '|',
+  ]
+  for name, arm in arms.items():
+    st = v.stats(arm)
+    if st.values is not None:
+      seeds = arm.get('seeds')
+      if seeds:
+        vals = ', '.join(f's{s}: {_num(x)}' for s, x in zip(seeds, st.values))
+      else:
+        vals = ', '.join(_num(x) for x in st.values)
+    else:
+      vals = 'summary only'
+    sd = '-' if st.sd is None else f'{st.sd:.2g}'
+    row = f'| {name} | {vals} | {_num(st.mean)} +- {sd} |'
+    if entropy:
+      row += f' {_entropy_text(arm.get("entropy"))} |'
+    lines.append(row)
+  lines.append('')
   return lines
 
 
