@@ -76,6 +76,32 @@ def _thirds(heavy: str, steps: int) -> tuple[Sampling, ...]:
   )
 
 
+def _sensitivity(id_, family, regime, arms, steps, scorer, cost_minutes):
+  """Which third of the steps the light network hurts most, in a regime:
+  its gen-ppl at matched entropy, light in the middle against light last."""
+  return Claim(
+    id=id_,
+    family=family,
+    paper='Model scheduling',
+    arxiv='2604.02340',
+    table='sensitivity by step segment',
+    statement='Replacing the heavy model by a light one hurts most in the '
+    f'middle third of the sampling steps ({regime}).',
+    paper_value='middle steps most sensitive',
+    metric=f'AR-twin gen-ppl, T = {steps} with the cache (higher = more '
+    'sensitive)',
+    protocol=MATCHED_ENTROPY,
+    rule=Compare(
+      'light_middle', 'light_late', 'higher', entropy_tol=ENTROPY_TOL
+    ),
+    arms=arms,
+    samplings=_thirds(arms[0].name, steps),
+    scorer=scorer,
+    command=f'{_REPRO} {id_}',
+    cost_minutes=cost_minutes,
+  )
+
+
 # Fast-dLLM's figures, one command for the four claims (3 training seeds of
 # the long BPE quickstart, after its AR twin ar_quickstart_bpe.py:long).
 _FAST = (
@@ -201,46 +227,22 @@ CLAIMS = (
     command=f'{_REPRO} remdm-loop-beats-ancestral',
     cost_minutes=75,
   ),
-  Claim(
-    id='scheduling-middle-most-sensitive',
-    family='samplers',
-    paper='Model scheduling',
-    arxiv='2604.02340',
-    table='sensitivity by step segment',
-    statement='Replacing the heavy model by a light one hurts most in the '
-    'middle third of the sampling steps (character level).',
-    paper_value='middle steps most sensitive',
-    metric=f'AR-twin gen-ppl, T = {_SCHED_STEPS} with the cache (higher = '
-    'more sensitive)',
-    protocol=MATCHED_ENTROPY,
-    rule=Compare(
-      'light_middle', 'light_late', 'higher', entropy_tol=ENTROPY_TOL
-    ),
-    arms=(MDLM, _LIGHT),
-    samplings=_thirds('mdlm', _SCHED_STEPS),
-    scorer=AR_SCORER,
-    command=f'{_REPRO} scheduling-middle-most-sensitive',
+  _sensitivity(
+    'scheduling-middle-most-sensitive',
+    'samplers',
+    'character level',
+    (MDLM, _LIGHT),
+    _SCHED_STEPS,
+    AR_SCORER,
     cost_minutes=60,
   ),
-  Claim(
-    id='scheduling-middle-most-sensitive-bpe',
-    family='word level',
-    paper='Model scheduling',
-    arxiv='2604.02340',
-    table='sensitivity by step segment',
-    statement='The middle third of the steps is the most sensitive to the '
-    'light model (2048-token BPE).',
-    paper_value='middle steps most sensitive',
-    metric=f'AR-twin gen-ppl, T = {_SCHED_STEPS_BPE} with the cache '
-    '(higher = more sensitive)',
-    protocol=MATCHED_ENTROPY,
-    rule=Compare(
-      'light_middle', 'light_late', 'higher', entropy_tol=ENTROPY_TOL
-    ),
-    arms=(_HEAVY_BPE, _LIGHT_BPE),
-    samplings=_thirds('heavy', _SCHED_STEPS_BPE),
-    scorer=_AR_BPE,
-    command=f'{_REPRO} scheduling-middle-most-sensitive-bpe',
+  _sensitivity(
+    'scheduling-middle-most-sensitive-bpe',
+    'word level',
+    '2048-token BPE',
+    (_HEAVY_BPE, _LIGHT_BPE),
+    _SCHED_STEPS_BPE,
+    _AR_BPE,
     cost_minutes=90,
   ),
   Claim(
