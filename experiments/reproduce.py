@@ -15,12 +15,14 @@ end-of-run samples (``sample.num_samples=0``): they are not part of the
 metric, and their scorer run need not exist.
 Claims checked by an exact test run that test with pytest.
 
-A claim with a ``Claim.measurement`` runs that command instead of arms,
-in fresh processes one after another: a timing benchmark (code that
-trains nothing) in three, each a replicate, or a training sweep once per
-seed. Each process's JSON result is kept in RUNS_DIR/BUDGET/measure/KEY
-(pN.json or sN.json) and reused like a finished run, so claims with the
-same command share its processes; the claim's numbers are read from each.
+A claim with a ``Claim.measurement`` runs that command, in fresh
+processes one after another: a timing benchmark (code that trains
+nothing) in three, each a replicate, or a training sweep once per seed,
+or a benchmark on the claim's trained runs once per seed, after training
+(or reusing) the arms it reads and their scorer. Each process's JSON
+result is kept in RUNS_DIR/BUDGET/measure/KEY (pN.json or sN.json) and
+reused like a finished run, so claims with the same command share its
+processes; the claim's numbers are read from each.
 Time benchmarks on an otherwise idle host.
 
 A sample-quality claim (``Claim.samplings``) trains its arms the same way
@@ -319,9 +321,32 @@ def measure_samplings(claim, seeds, budget, runs_dir, log=print) -> dict:
   )
 
 
-def measure_dir(m: spec.Measurement, budget: str, runs_dir: str) -> str:
-  """RUNS_DIR/BUDGET/measure/KEY: the processes of one command."""
+def _read_arms(claim: spec.Claim, budget: str) -> dict[str, spec.Arm]:
+  """The arms a measurement reads as {run:ARM} ('scorer': the scorer)."""
+  arms = {a.name: a for a in claim.arms}
+  if claim.scorer is not None:
+    arms['scorer'] = claim.scorer
+  return {name: arms[name] for name in sorted(claim.measurement.runs)}
+
+
+def measure_dir(
+  m: spec.Measurement,
+  budget: str,
+  runs_dir: str,
+  claim: spec.Claim | None = None,
+) -> str:
+  """RUNS_DIR/BUDGET/measure/KEY: the processes of one command.
+
+  A command on trained runs is keyed by the runs it reads too, so a
+  changed arm config measures again instead of reusing stale results.
+  """
   command = m.command(budget)
+  if m.runs:
+    keys = {
+      name: arm_key(arm, budget, claim)
+      for name, arm in _read_arms(claim, budget).items()
+    }
+    command += ' ' + json.dumps(keys, sort_keys=True)
   digest = hashlib.sha256(command.encode()).hexdigest()[:8]
   name = m.module.rsplit('.', 1)[-1]
   return os.path.join(runs_dir, budget, 'measure', f'{name}-{digest}')
@@ -334,16 +359,32 @@ def _values(m: spec.Measurement, result) -> dict[str, float]:
   return {m.arm: float(got)}
 
 
+def measured_runs(claim, seed, budget, runs_dir) -> dict[str, str]:
+  """{arm or 'scorer': workdir} of the runs the measurement reads at seed
+  (the scorer's is its one run, seed ``spec.SCORER_SEED``)."""
+  return {
+    name: workdir_of(
+      claim,
+      arm,
+      spec.SCORER_SEED if name == 'scorer' else seed,
+      budget,
+      runs_dir,
+    )
+    for name, arm in _read_arms(claim, budget).items()
+  }
+
+
 def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
   """{'arms', 'notes', 'seeds'}: the claim's numbers from each process.
 
   A timing benchmark runs ``processes`` processes (p0, p1, ...), a
-  training sweep one per seed (s0, s1, ...). Each process's result is kept
-  as UNIT.json beside its output; a unit whose UNIT.json exists is reused,
-  as a finished run is, and an interrupted sweep resumes in UNIT/.
+  training sweep or a benchmark on trained runs one per seed (s0, s1,
+  ...). Each process's result is kept as UNIT.json beside its output; a
+  unit whose UNIT.json exists is reused, as a finished run is, and an
+  interrupted sweep resumes in UNIT/.
   """
   m = claim.measurement
-  out_dir = measure_dir(m, budget, runs_dir)
+  out_dir = measure_dir(m, budget, runs_dir, claim)
   os.makedirs(out_dir, exist_ok=True)
   units = (
     [(f's{s}', s) for s in seeds]
@@ -365,7 +406,8 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
         target = os.path.join(out_dir, unit)
       else:
         target = f'{final}.partial'
-      cmd = [sys.executable, '-m', m.module, *m.args_for(budget, seed)]
+      runs = measured_runs(claim, seed, budget, runs_dir) if m.runs else None
+      cmd = [sys.executable, '-m', m.module, *m.args_for(budget, seed, runs)]
       cmd.append(f'{m.result_flag}={target}')
       log(f'  {label}: {shlex.join(cmd[1:])}')
       rc = subprocess.run(cmd, cwd=ROOT).returncode
@@ -379,7 +421,11 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
         shutil.copyfile(written, f'{final}.partial')
       os.replace(f'{final}.partial', final)
     with open(final) as f:
-      for arm, x in _values(m, json.load(f)).items():
+      try:
+        got = _values(m, json.load(f))
+      except ValueError as e:  # The result holds no value for this claim.
+        raise RuntimeError(f'{claim.id}: {label}: {e}') from None
+      for arm, x in got.items():
         entry = arms.setdefault(arm, {'seeds': [], 'values': []})
         entry['seeds'].append(index if seed is None else seed)
         entry['values'].append(x)
@@ -391,6 +437,14 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
     if m.per_seed
     else f'{m.processes} fresh processes'
   )
+  if m.runs:
+    where = ', '.join(
+      f'{{{"scorer" if n == "scorer" else "run:" + n}}} = '
+      f'{arm_key(arm, budget, claim)}/s'
+      + (str(spec.SCORER_SEED) if n == 'scorer' else 'SEED')
+      for n, arm in _read_arms(claim, budget).items()
+    )
+    what += f' (in {os.path.relpath(runs_dir, ROOT)}/{budget}: {where})'
   notes = (
     f'{what} of `{m.command(budget)}`, one after another, each writing '
     f'{m.result_flag}=PATH under {os.path.relpath(out_dir, ROOT)}; 1-minute '
@@ -456,6 +510,10 @@ def reproduce(
     record['exact_test'] = run_exact_test(claim, log)
     record['seeds'] = []
   elif claim.measurement:
+    if claim.arms:  # The runs its command reads, trained or reused first.
+      record['trained'] = measure_arms(claim, seeds, budget, runs_dir, log)
+      if 'scorer' in claim.measurement.runs:
+        run_arm(claim, claim.scorer, spec.SCORER_SEED, budget, runs_dir, log)
     got = measure_command(claim, seeds, budget, runs_dir, log)
     record.update(got, seed_kind=claim.measurement.seed_kind)
   elif claim.samplings:

@@ -95,6 +95,9 @@ def arm_text(name: str, arm: dict) -> str:
 
 
 def _rule_arms(rule) -> list[str]:
+  if isinstance(rule, v.AllOf):
+    names = [name for part in rule.rules for name in _rule_arms(part)]
+    return list(dict.fromkeys(names))
   if isinstance(rule, (v.Compare, v.Ratio)):
     return [rule.arm, rule.baseline]
   if isinstance(rule, (v.Threshold, v.Match)):

@@ -97,6 +97,30 @@ def test_compare_noise_and_higher_is_better():
   )
 
 
+def test_all_of_is_its_weakest_part_with_every_reason():
+  """'The middle hurts most' = the middle beats the first and the last."""
+  rule = v.AllOf(
+    (v.Compare('mid', 'early', 'higher'), v.Compare('mid', 'late', 'higher'))
+  )
+  arms = {
+    'mid': _arm([9.0, 9.5, 9.2]),
+    'early': _arm([5.0, 5.1, 5.3]),
+    'late': _arm([6.0, 6.2, 6.1]),
+  }
+  both = v.judge(rule, _rec(arms))
+  assert both.label == v.REPRODUCED and both.reason.count('mid vs') == 2
+  # The middle beats the end but not the start: a miss of the claim.
+  one = v.judge(rule, _rec({**arms, 'early': _arm([9.9, 9.8, 9.7])}))
+  assert one.label == v.MISS and 'mid vs early' in one.reason
+  noisy = v.judge(rule, _rec({**arms, 'late': _arm([8.9, 9.6, 9.1])}))
+  assert noisy.label == v.PARTIAL
+  assert v.judge(rule, _rec(arms, seed_kind=spec.SAMPLING)).label == (v.PARTIAL)
+  missing = v.judge(rule, _rec({'mid': arms['mid'], 'late': arms['late']}))
+  assert missing.label == v.NOT_RUN
+  with pytest.raises(ValueError, match='two or more'):
+    v.AllOf((v.Compare('a', 'b'),))
+
+
 def test_compare_matched_entropy_caps_a_sharper_winner():
   rule = v.Compare('u', 'm', 'lower', entropy_tol=0.02)
   arms = {

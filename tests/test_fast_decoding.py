@@ -134,6 +134,10 @@ def test_smoke_run_measures_both_parts(smoke_mdlm_run, tmp_path):
     assert 'frontier.png' in os.listdir(os.path.join(out, 's0', part))
   saved = json.loads(open(os.path.join(out, 'fast_decoding.json')).read())
   assert saved[0]['seed'] == 0
+  # The file `experiments.reproduce` reads each claim's numbers from.
+  for claim in ('threshold-tokens-per-call', 'dual-cache-speedup'):
+    got = registry.CLAIMS[claim].measurement.value(saved)
+    assert all(x > 0 for x in got.values()), (claim, got)
   # The same run and settings are read back, not measured again.
   argv = [f'--workdir={workdir}', f'--scorer={scorer}', '--num_samples=2',
           '--cache_samples=2', '--threshold_length=16', '--cache_length=64',

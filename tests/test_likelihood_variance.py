@@ -80,10 +80,15 @@ def test_measures_every_estimator_and_writes_judged_records(run, tmp_path):
     assert judged.label in (v.PARTIAL, v.MISS), judged
   loaded = records.load_all(str(tmp_path))
   spread = loaded['best-16-draws-beat-iid-128'][0]
-  best = lv.best_at_16(full)
+  best = lv.best_of_16(full)
   assert spread['arms']['best@16']['values'][0] == full[best]['stderr']
   assert spread['seeds'] == [out['seed'], out['seed'] + 1]
   assert '--workdir=RUN_S0 --workdir=RUN_S1 --texts=2' in spread['command']
+  # `experiments.reproduce` reads the same numbers from one run's JSON.
+  for claim in ('best-16-draws-beat-iid-128', 'estimators-unbiased'):
+    got = CLAIMS[claim].measurement.value(out)
+    rec = loaded[claim][0]
+    assert got == {a: e['values'][0] for a, e in rec['arms'].items()}
 
 
 def test_bad_cases_refused():

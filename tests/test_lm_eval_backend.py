@@ -257,3 +257,43 @@ def test_lm_eval_runs_the_local_tasks_end_to_end(runs, tmp_path, monkeypatch):
     )
   json.dumps(scores)  # Plain numbers (what the docs record).
   assert os.path.isdir(TASKS)
+
+
+def test_lm_eval_runs_refuses_bad_arguments_before_loading(tmp_path, capsys):
+  from experiments.benchmarks import lm_eval_runs
+
+  for argv, text in (
+    ([], 'at least one --run'),
+    (['--run=ar'], 'NAME=WORKDIR'),
+    (['--run=a=x', '--run=a=y'], 'named twice'),
+    ([f'--run=ar={tmp_path}', '--samples=0'], '--samples=0'),
+    ([f'--run=ar={tmp_path / "none"}'], 'not a run directory'),
+  ):
+    with pytest.raises(SystemExit) as err:
+      lm_eval_runs.main(argv)
+    assert err.value.code == 2
+    out = capsys.readouterr().err
+    assert text in out and out.count('\n') == 1, out
+
+
+@pytest.mark.slow
+def test_lm_eval_runs_writes_the_scores_the_claim_reads(
+  runs, tmp_path, monkeypatch
+):
+  from experiments import claims as registry
+  from experiments.benchmarks import lm_eval_runs
+
+  monkeypatch.chdir(ROOT)
+  monkeypatch.setenv('HF_DATASETS_OFFLINE', '1')
+  monkeypatch.setenv('HF_DATASETS_CACHE', str(tmp_path / 'hf'))
+  path = tmp_path / 'scores.json'
+  scores = lm_eval_runs.main([
+    f'--run=mdlm={runs["mdlm"]}', f'--run=ar={runs["ar"]}',
+    '--tasks=ddlm_local_ppl', '--samples=2', f'--json={path}',
+  ])  # fmt: skip
+  assert json.loads(path.read_text()) == scores
+  claim = registry.get('lm-eval-ar-below-mdlm')
+  got = claim.measurement.value(scores)
+  assert set(got) == {'mdlm', 'ar'}
+  assert all(math.isfinite(x) and x > 0 for x in got.values())
+  assert got['ar'] == scores['ar']['ddlm_local_ppl']['bits_per_byte,none']

@@ -120,9 +120,11 @@ def test_converted_claims_sample_the_bound_claims_runs():
     ms.check(claim)  # Every sampler takes its params and a temperature.
     assert claim.command == f'python -m experiments.reproduce {claim.id}'
     names = {s.name for s in claim.samplings}
-    assert {claim.rule.arm, claim.rule.baseline} <= names, claim.id
-    if getattr(claim.rule, 'field', 'values') == 'values':
-      assert claim.rule.entropy_tol == spec.ENTROPY_TOL
+    rules = getattr(claim.rule, 'rules', (claim.rule,))
+    for rule in rules:
+      assert {rule.arm, rule.baseline} <= names, claim.id
+      if getattr(rule, 'field', 'values') == 'values':
+        assert rule.entropy_tol == spec.ENTROPY_TOL
     lights = {s.light for s in claim.samplings}
     for arm in claim.arms:
       if arm.name in lights:

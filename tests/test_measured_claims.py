@@ -76,7 +76,7 @@ def test_benchmark_claims_train_nothing_and_reproduce_by_their_id():
     assert claim.measurement.arm in repr(claim.rule)
     assert claim.measurement.processes >= 3
   base = BENCHMARK_CLAIMS[0]
-  with pytest.raises(ValueError, match='trains no arms'):
+  with pytest.raises(ValueError, match='trains only the arms'):
     dataclasses.replace(base, arms=(spec.Arm('x', 'c.py'),))
 
 
@@ -242,10 +242,29 @@ def test_claims_on_one_task_share_its_sweep():
     m = claim.measurement
     if m and m.module == 'experiments.sweep_planner_executor':
       by_task.setdefault(m.command(), []).append(claim.id)
-  assert sorted(map(len, by_task.values())) == [1, 1, 2, 2]
+  assert sorted(map(len, by_task.values())) == [1, 2, 2, 3]
   assert ['pe-latent-beats-text-arithmetic', 'pe-hybrid-vs-cot-arithmetic'] in (
     list(by_task.values())
   )
+  assert [
+    'pe-latent-beats-text-countdown',
+    'mdm-beats-ar-countdown',
+  ] in list(by_task.values())
+
+
+def test_mdm_claims_read_valid_plans_at_their_level():
+  def summary(share1, share2):
+    levels = {'1': {'plan_accuracy': share1}, '2': {'plan_accuracy': share2}}
+    return [{'per_level': levels}]
+
+  results = {'text': summary(0.5, 0.25), 'cot': summary(0.75, 0.125)}
+  sudoku = registry.get('mdm-beats-ar-sudoku').measurement
+  countdown = registry.get('mdm-beats-ar-countdown').measurement
+  assert sudoku.value(results) == {'mdm': 50.0, 'ar': 75.0}
+  assert countdown.value(results) == {'mdm': 25.0, 'ar': 12.5}
+  results['cot'] = summary(None, None)  # A pipeline that writes no plan
+  with pytest.raises(ValueError, match='no plan'):
+    sudoku.value(results)
 
 
 @pytest.mark.slow
@@ -276,3 +295,125 @@ def test_a_sweep_claim_trains_once_per_seed_and_its_sibling_reuses_it(
   assert set(again['arms']) == {'text', 'cot'}
   assert again['arms']['text']['values'] == record['arms']['text']['values']
   assert again['arms']['cot']['reused_seeds'] == [0]
+
+
+# ---------------------------------------------- benchmarks on trained runs --
+
+
+def test_a_benchmark_on_runs_names_only_runs_the_claim_trains():
+  claim = registry.get('dual-cache-speedup')
+  m = claim.measurement
+  assert m.runs == {'mdlm', 'scorer'} and m.seed_kind == spec.TRAINING
+  args = m.args_for('cpu', 1, {'mdlm': 'R1', 'scorer': 'A0'})
+  assert '--workdir=R1' in args and '--scorer=A0' in args
+  assert not any('{' in a for a in args)
+  with pytest.raises(ValueError, match=r"unknown arms \['other'\]"):
+    dataclasses.replace(
+      claim,
+      measurement=dataclasses.replace(
+        m, args=('--w={run:other}',), smoke_args=None
+      ),
+    )
+  with pytest.raises(ValueError, match='give a scorer arm'):
+    dataclasses.replace(claim, scorer=None)
+  with pytest.raises(ValueError, match=r"not \['extra'\]"):
+    dataclasses.replace(claim, arms=(*claim.arms, spec.Arm('extra', 'c.py')))
+  with pytest.raises(ValueError, match='hold'):  # runs, yet not per seed
+    spec.Measurement('m', ('--w={run:a}',), 'x', float)
+
+
+def _fast_result(workdir, seed, tokens_per_call):
+  """The JSON of experiments.benchmarks.fast_decoding for one seed."""
+  return [
+    {
+      'workdir': workdir,
+      'seed': seed,
+      'threshold': {
+        'one_per_call': {'tokens_per_call': 1.0, 'gen_nll_matched': 5.0},
+        'threshold_0.9': {
+          'tokens_per_call': tokens_per_call,
+          'gen_nll_matched': 5.1,
+        },
+        'gen_nll_ratio': 5.1 / 5.0,
+      },
+      'cache': {
+        'none': {'gen_nll_matched': 5.0},
+        'dual': {'gen_nll_matched': 5.05},
+        'gen_nll_ratio': 1.01,
+        'timing': {
+          'speedup': 2.0 + seed,
+          'dual_tokens_per_sec': 100.0 * (2 + seed),
+          'none_tokens_per_sec': 100.0,
+        },
+      },
+    }
+  ]
+
+
+def test_reproduce_trains_the_runs_a_benchmark_reads_then_runs_it_per_seed(
+  tmp_path, monkeypatch
+):
+  """The arms and the scorer are trained (here: finished runs, reused),
+  the benchmark runs once per seed on that seed's run, a sibling claim
+  reuses its processes, and a result without the claim's value fails."""
+  claim = registry.get('dual-cache-speedup')
+  runs, recs = str(tmp_path / 'runs'), str(tmp_path / 'records')
+  finished = {}
+  for name, arm, seed in (
+    ('mdlm', claim.arms[0], 0),
+    ('mdlm', claim.arms[0], 1),
+    ('scorer', claim.scorer, spec.SCORER_SEED),
+  ):
+    workdir = reproduce.workdir_of(claim, arm, seed, 'smoke', runs)
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+      json.dump({'validation': {'bits_per_token': 6.0 + seed}}, f)
+    finished[name, seed] = workdir
+  calls = []
+  real_run = subprocess.run
+
+  def fake_run(cmd, **kwargs):
+    if cmd[0] != sys.executable:  # git, for the record's commit
+      return real_run(cmd, **kwargs)
+    flags = dict(a[2:].split('=', 1) for a in cmd[3:] if '=' in a)
+    seed = int(flags['workdir'][-1])
+    assert flags['workdir'] == finished['mdlm', seed]
+    assert flags['scorer'] == finished['scorer', spec.SCORER_SEED]
+    assert cmd[2] == 'experiments.benchmarks.fast_decoding'
+    os.makedirs(flags['out'])
+    with open(os.path.join(flags['out'], 'fast_decoding.json'), 'w') as f:
+      json.dump(_fast_result(flags['workdir'], seed, 1.0), f)
+    calls.append(seed)
+    return subprocess.CompletedProcess(cmd, 0)
+
+  monkeypatch.setattr(reproduce.subprocess, 'run', fake_run)
+  lines = []
+  record, _, _ = reproduce.reproduce(
+    claim, (0, 1), 'smoke', runs, recs, 'cmd', log=lines.append
+  )
+  assert calls == [0, 1]
+  assert record['seed_kind'] == spec.TRAINING and record['seeds'] == [0, 1]
+  assert record['trained']['mdlm']['values'] == [6.0, 7.0]
+  assert record['trained']['mdlm']['reused_seeds'] == [0, 1]
+  assert record['arms']['speedup']['values'] == [2.0, 3.0]
+  assert '{run:mdlm} = quickstart_bpe' in record['notes']
+  assert '{scorer} = ar_quickstart_bpe' in record['notes']
+  # The sibling claim reads the same processes without running any.
+  sibling = registry.get('dual-cache-gen-nll')
+  again, _, _ = reproduce.reproduce(
+    sibling, (0, 1), 'smoke', runs, recs, 'cmd', log=lines.append
+  )
+  assert calls == [0, 1]
+  assert again['arms']['gen-NLL ratio']['values'] == [1.01, 1.01]
+  # threshold 0.9 never fired: its quality ratio is 1 by construction.
+  with pytest.raises(RuntimeError, match='by construction'):
+    reproduce.reproduce(
+      registry.get('threshold-gen-nll'), (0, 1), 'smoke', runs, recs, 'cmd'
+    )
+  # Another arm config is another measurement: nothing stale is reused.
+  other = dataclasses.replace(
+    claim, arms=(dataclasses.replace(claim.arms[0], overrides=(('a', 1),)),)
+  )
+  assert reproduce.measure_dir(
+    other.measurement, 'smoke', runs, other
+  ) != reproduce.measure_dir(claim.measurement, 'smoke', runs, claim)

@@ -45,6 +45,7 @@ from ddlm_jax.sampling.registry import get_sampler, samplers_for
 from ddlm_jax.training import builders
 from ddlm_jax.training.builders import check_process
 from ddlm_jax.training.config import ConfigError
+from experiments import claims as registry
 from experiments.configs import mdlm_quickstart
 from experiments.configs import pgm as pgm_config
 
@@ -462,7 +463,16 @@ def test_smoke_trains_evaluates_and_samples(tmp_path, smoke_mdlm_run):
 
   mdlm, _ = smoke_mdlm_run
   argv = [f'--mdlm={mdlm}', f'--pgm={tmp_path}', '--seeds=0', '--repeats=2']
-  (row,) = pgm_sampling.main(argv + ['--num_samples=2'])
+  rows_json = tmp_path / 'rows.json'
+  (row,) = pgm_sampling.main(argv + ['--num_samples=2', f'--json={rows_json}'])
+  # The claims read their ratios from the JSON a reproduce process writes.
+  for claim, key in (
+    ('pgm-sampling-flops', 'flops_ratio'),
+    ('pgm-sampling-speed', 'speed_ratio'),
+  ):
+    rows = json.loads(rows_json.read_text())
+    value = registry.get(claim).measurement.value(rows)
+    assert value == pytest.approx(row[key])
   assert row['pgm']['nfe'] == row['pgm']['steps'] == 32  # T = L
   assert row['flops_ratio'] > 1  # one position per decoder call
   for name in ('mdlm', 'pgm'):
@@ -494,12 +504,18 @@ def test_remat_keeps_the_loss_and_its_gradient():
 
 
 def test_sampling_claims_time_the_bound_claims_runs():
-  """The timing claims name the directories `experiments.reproduce` trains
-  the bound claim's arms into (a renamed arm would break the command)."""
+  """The timing claims read the runs the bound claim trains (same arm
+  keys, so `experiments.reproduce` trains them once), seed by seed."""
   from experiments import claims, reproduce
 
   bound = claims.get('pgm-bound-near-mdlm')
-  for arm in bound.arms:
-    key = reproduce.arm_key(arm, 'cpu', bound)
-    for claim in ('pgm-sampling-flops', 'pgm-sampling-speed'):
-      assert f'runs/claims/cpu/{key}/s{{seed}}' in claims.get(claim).command
+  keys = {a.name: reproduce.arm_key(a, 'cpu', bound) for a in bound.arms}
+  for name in ('pgm-sampling-flops', 'pgm-sampling-speed'):
+    claim = claims.get(name)
+    assert claim.command == f'python -m experiments.reproduce {name}'
+    assert claim.measurement.runs == set(keys)
+    assert {a.name: reproduce.arm_key(a, 'cpu', claim) for a in claim.arms} == (
+      keys
+    )
+    args = claim.measurement.args_for('cpu', 2, {'mdlm': 'M', 'pgm': 'P'})
+    assert {'--mdlm=M', '--pgm=P', '--seeds=2'} <= set(args)

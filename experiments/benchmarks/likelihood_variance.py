@@ -45,6 +45,7 @@ import ddlm_jax
 from ddlm_jax.data import corpus
 from ddlm_jax.evaluation import estimators as est
 from ddlm_jax.training.config import ConfigError
+from experiments.claims.evaluation import best_of_16, estimator_values
 
 PASSAGE = (
   'KING: What say you, lords? Shall we go in to supper? QUEEN: My lord, '
@@ -142,13 +143,6 @@ def measure(model, x, loss, keep, *, repeats, reference, estimators):
   return out
 
 
-def best_at_16(case: dict) -> str:
-  """The 16-draw estimator with the smallest spread in one case."""
-  return min(
-    (k for k in case if k.endswith('@16')), key=lambda k: case[k]['stderr']
-  )
-
-
 def measure_run(workdir, *, texts, repeats, reference, text, cases) -> dict:
   """The benchmark's output (see the module docstring) for one run."""
   model = ddlm_jax.load(workdir)
@@ -221,7 +215,7 @@ def claim_records(results: list[dict], repo: str) -> list:
   results = sorted(results, key=lambda r: r['seed'])
   seeds = [r['seed'] for r in results]
   command = measuring_command(results)
-  best = [best_at_16(r['full']) for r in results]
+  best = [best_of_16(r['full']) for r in results]
   common = {
     'source': 'python -m experiments.benchmarks.likelihood_variance',
     'commit': records.git_commit(repo),
@@ -252,19 +246,17 @@ def claim_records(results: list[dict], repo: str) -> list:
           parts.append(f'seed {r["seed"]}, {case}: {cells}')
     return '; '.join(parts)
 
+  def arms(claim):
+    per_seed = [estimator_values(r, claim) for r in results]
+    return {
+      name: {'seeds': seeds, 'values': [v[name] for v in per_seed]}
+      for name in per_seed[0]
+    }
+
   spread = {
     **common,
     'claim': 'best-16-draws-beat-iid-128',
-    'arms': {
-      'best@16': {
-        'seeds': seeds,
-        'values': [r['full'][b]['stderr'] for r, b in zip(results, best)],
-      },
-      'iid@128': {
-        'seeds': seeds,
-        'values': [r['full']['iid@128']['stderr'] for r in results],
-      },
-    },
+    'arms': arms('best-16-draws-beat-iid-128'),
     'notes': f'Best 16-draw estimator per seed: {", ".join(best)}. {setup}. '
     'Draws of each that match 128 i.i.d. draws (S (its spread / the '
     'iid@128 spread)^2): '
@@ -273,14 +265,10 @@ def claim_records(results: list[dict], repo: str) -> list:
     + table(lambda v: f'{v["stderr"]:.3f}')
     + '.',
   }
-  zs = []
-  for r, b in zip(results, best):
-    row = r['full'][b]
-    zs.append(abs(row['bias']) / row['bias_stderr'])
   bias = {
     **common,
     'claim': 'estimators-unbiased',
-    'arms': {'best@16': {'seeds': seeds, 'values': zs}},
+    'arms': arms('estimators-unbiased'),
     'notes': 'Values: |mean of the repeats - reference| / its standard '
     f'error, for the best 16-draw estimator ({", ".join(best)}; full '
     f'bound). {setup}. Bias (nats per row) +- its standard error: '

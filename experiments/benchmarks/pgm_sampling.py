@@ -12,9 +12,11 @@ PGM / MDLM of tokens/s are the values of claims `pgm-sampling-flops` and
 `pgm-sampling-speed`.
 
   python -m experiments.benchmarks.pgm_sampling \
-    --mdlm=runs/claims/cpu/mdlm_quickstart-acd3480c/s{seed} \
-    --pgm=runs/claims/cpu/pgm-db4bbd8a/s{seed} \
-    --seeds=0,1,2 [--num_samples=4] [--repeats=4] --record
+    --mdlm=MDLM_RUN_S{seed} --pgm=PGM_RUN_S{seed} --seeds=0,1,2 \
+    [--num_samples=4] [--repeats=4] [--json=ROWS.json] [--record]
+
+`python -m experiments.reproduce pgm-sampling-speed` (or -flops) runs it
+once per seed on the runs of `pgm-bound-near-mdlm`, training them first.
 
 Timings need an idle host: run nothing else meanwhile.
 """
@@ -105,6 +107,7 @@ def main(argv=None):
   parser.add_argument('--num_samples', type=int, default=4)
   parser.add_argument('--repeats', type=int, default=4)
   parser.add_argument('--record', action='store_true')
+  parser.add_argument('--json', default='', help='write the rows here')
   args = parser.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(',')]
   if args.repeats < 1 or args.num_samples < 1:
@@ -120,6 +123,9 @@ def main(argv=None):
     )
     print(json.dumps({'seed': seed, **row}), flush=True)
     rows.append(row)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump([{'seed': s, **r} for s, r in zip(seeds, rows)], f, indent=1)
   if args.record:
     command = 'python -m experiments.benchmarks.pgm_sampling ' + ' '.join(
       sys.argv[1:] if argv is None else argv

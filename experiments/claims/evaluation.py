@@ -5,23 +5,81 @@ models: Monte-Carlo bound estimates whose spread is measured and cut
 (`ddlm_jax.evaluation.estimators`), and lm-evaluation-harness through the
 `ddlm_jax` backend (`ddlm_jax.interop.lm_eval_backend`). The estimator
 claims are measured by `experiments/benchmarks/likelihood_variance.py`
-(one value per training seed of the quickstart); the lm-eval claim by
-lm-eval's own evaluator on the local tasks of tests/fixtures/lm_eval.
+on each training seed's quickstart run; the lm-eval claim by lm-eval's
+own evaluator (`experiments/benchmarks/lm_eval_runs.py`) on the local
+tasks of tests/fixtures/lm_eval.
 """
 
-from experiments.claims.spec import EQUAL_STEPS, NAMED_BASELINE, TARGET, Claim
+import functools
+
+from experiments.claims.project import QUICKSTART
+from experiments.claims.spec import (
+  AR_SCORER,
+  EQUAL_STEPS,
+  NAMED_BASELINE,
+  TARGET,
+  Arm,
+  Claim,
+  Measurement,
+)
 from experiments.claims.verdict import Compare, Threshold
 
-_VARIANCE = (
-  'python -m experiments.benchmarks.likelihood_variance '
-  '--workdir=runs/quickstart_s0 --workdir=runs/quickstart_s1 '
-  '--workdir=runs/quickstart_s2 --record'
-)
-_LM_EVAL = (
-  'python -m ddlm_jax.interop.lm_eval_backend --model ddlm_jax '
-  '--model_args workdir=RUN,samples=64 --tasks ddlm_local_mc,ddlm_local_ppl '
-  '--include_path tests/fixtures/lm_eval (RUN: runs/quickstart and '
-  'runs/ar_quickstart)'
+
+def best_of_16(case: dict) -> str:
+  """The 16-draw estimator with the smallest spread in one case."""
+  at_16 = {k: v for k, v in case.items() if k.endswith('@16')}
+  return min(at_16, key=lambda k: at_16[k]['stderr'])
+
+
+def estimator_values(result: dict, claim: str) -> dict[str, float]:
+  """One training seed's arms of an estimator claim, from the JSON of
+  `experiments.benchmarks.likelihood_variance` on that seed's run (full
+  bound): the spreads of the best 16-draw estimator and of 128 i.i.d.
+  draws, or the best one's |bias| over its standard error."""
+  full = result['full']
+  best = full[best_of_16(full)]
+  if claim == 'best-16-draws-beat-iid-128':
+    return {'best@16': best['stderr'], 'iid@128': full['iid@128']['stderr']}
+  if claim == 'estimators-unbiased':
+    return {'best@16': abs(best['bias']) / best['bias_stderr']}
+  raise KeyError(f'{claim} is not an estimator claim')
+
+
+# One process per training seed of the quickstart (the runs of
+# quickstart-bound), measuring every estimator on its validation rows.
+_VARIANCE = functools.partial(
+  Measurement,
+  'experiments.benchmarks.likelihood_variance',
+  ('--workdir={run:quickstart}', '--texts=4', '--repeats=16',
+   '--reference=4096', '--cases=full,conditional'),
+  '',
+  result_flag='--out',
+  per_seed=True,
+  smoke_args=('--workdir={run:quickstart}', '--texts=1', '--repeats=2',
+              '--reference=16', '--cases=full'),
+)  # fmt: skip
+_QUICKSTART = Arm('quickstart', QUICKSTART)
+
+
+def lm_eval_bits_per_byte(scores: dict) -> dict[str, float]:
+  """Each run's bits per byte on the local perplexity task, from the JSON
+  of `experiments.benchmarks.lm_eval_runs` (one training seed)."""
+  return {
+    name: tasks['ddlm_local_ppl']['bits_per_byte,none']
+    for name, tasks in scores.items()
+  }
+
+
+# lm-eval's evaluator on both runs of one training seed: the quickstart
+# (quickstart-bound's runs) and its AR twin (the sampling claims' scorer).
+_LM_EVAL_RUNS = ('--run=mdlm={run:mdlm}', '--run=ar={run:ar}')
+_LM_EVAL = Measurement(
+  'experiments.benchmarks.lm_eval_runs',
+  (*_LM_EVAL_RUNS, '--samples=64'),
+  '',
+  lm_eval_bits_per_byte,
+  per_seed=True,
+  smoke_args=(*_LM_EVAL_RUNS, '--samples=2', '--tasks=ddlm_local_ppl'),
 )
 
 CLAIMS = (
@@ -40,9 +98,13 @@ CLAIMS = (
     metric='standard error of the full bound, nats per 128-token row',
     protocol=NAMED_BASELINE,
     rule=Compare('best@16', 'iid@128', 'lower'),
-    command=_VARIANCE,
+    arms=(_QUICKSTART,),
+    measurement=_VARIANCE(
+      functools.partial(estimator_values, claim='best-16-draws-beat-iid-128')
+    ),
+    command='python -m experiments.reproduce best-16-draws-beat-iid-128',
     bound='full',
-    cost_minutes=60,
+    cost_minutes=85,  # The quickstart's 3 runs, then ~20 min per seed.
   ),
   Claim(
     id='estimators-unbiased',
@@ -59,9 +121,13 @@ CLAIMS = (
     metric='|bias| / its standard error (full bound)',
     protocol=TARGET,
     rule=Threshold('best@16', 3.0, '<='),
-    command=_VARIANCE,
+    arms=(_QUICKSTART,),
+    measurement=_VARIANCE(
+      functools.partial(estimator_values, claim='estimators-unbiased')
+    ),
+    command='python -m experiments.reproduce estimators-unbiased',
     bound='full',
-    cost_minutes=60,
+    cost_minutes=85,
   ),
   Claim(
     id='lm-eval-ar-below-mdlm',
@@ -77,8 +143,10 @@ CLAIMS = (
     metric='ddlm_local_ppl bits_per_byte (AR exact, MDLM bound)',
     protocol=EQUAL_STEPS,
     rule=Compare('ar', 'mdlm', 'lower'),
-    command=_LM_EVAL,
+    arms=(Arm('mdlm', QUICKSTART), AR_SCORER),
+    measurement=_LM_EVAL,
+    command='python -m experiments.reproduce lm-eval-ar-below-mdlm',
     bound='full / exact NLL',
-    cost_minutes=30,
+    cost_minutes=60,  # 6 quickstart runs (shared), then ~3 min per seed.
   ),
 )

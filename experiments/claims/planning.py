@@ -9,6 +9,7 @@ recorded here, so a result against them stands as a miss.
 """
 
 import functools
+from collections.abc import Mapping
 
 from experiments.claims.spec import NAMED_BASELINE, Claim, Measurement
 from experiments.claims.verdict import Compare
@@ -17,7 +18,6 @@ _PE = 'DDLM planner -> ARM executor'
 _PE_ARXIV = '2510.15244'
 _MDM = 'MDM planning (subgoal imbalance)'
 _MDM_ARXIV = '2410.14157'
-_SWEEP = 'python -m experiments.sweep_planner_executor --preset=cpu'
 _SCALE = 2e5 / 7e9
 
 
@@ -31,24 +31,39 @@ def pe_accuracy(results: dict, arms: tuple[str, ...]) -> dict[str, float]:
   return out
 
 
-# Each task's sweep runs the variants of both of its claims, so the two
-# claims share its processes.
+def valid_plans(
+  results: dict, arms: Mapping[str, str], level: int
+) -> dict[str, float]:
+  """sweep_planner_executor's results.json for one seed: the valid plans
+  (%) at one test level of each claim arm's variant ({arm: variant})."""
+  out = {}
+  for arm, variant in arms.items():
+    (summary,) = results[variant]  # One seed per process.
+    share = summary['per_level'][str(level)]['plan_accuracy']
+    if share is None:
+      raise ValueError(f'variant {variant} writes no plan to check')
+    out[arm] = 100.0 * share
+  return out
+
+
+# Each task's sweep runs the variants of all of its claims, so they share
+# its processes.
 _VARIANTS = {
   'arithmetic': 'latent,text,cot',
   'sudoku4': 'latent,text,cot',
   'paths': 'text,cot',
-  'countdown': 'latent,text',
+  'countdown': 'latent,text,cot',
 }
 
 
-def _sweep(task: str, arms: tuple[str, str]) -> Measurement:
+def _sweep(task: str, value) -> Measurement:
   """One seed of the task's sweep per process (--seeds={seed})."""
   args = (f'--task={task}', '--seeds={seed}', f'--variants={_VARIANTS[task]}')
   return Measurement(
     'experiments.sweep_planner_executor',
     ('--preset=cpu', *args),
     '',
-    functools.partial(pe_accuracy, arms=arms),
+    value,
     result_flag='--out',
     result_file='results.json',
     per_seed=True,
@@ -68,12 +83,19 @@ def _pe(id_, statement, paper_value, arm, baseline, task, metric):
     metric=metric,
     protocol=NAMED_BASELINE,
     rule=Compare(arm, baseline, 'higher'),
-    measurement=_sweep(task, (arm, baseline)),
+    measurement=_sweep(
+      task, functools.partial(pe_accuracy, arms=(arm, baseline))
+    ),
     command=f'python -m experiments.reproduce {id_}',
     budget_fraction=_SCALE,
     cost_minutes=30 * 3,
   )
 
+
+# The MDM planning claims: the masked planner's plans (the text
+# pipeline's) against the CoT ARM's, which writes the same plan tokens
+# before its answer.
+_MDM_VS_AR = {'mdm': 'text', 'ar': 'cot'}
 
 CLAIMS = (
   _pe(
@@ -144,8 +166,10 @@ CLAIMS = (
     metric='valid plans %, level 1',
     protocol=NAMED_BASELINE,
     rule=Compare('mdm', 'ar', 'higher'),
-    seeds=(0, 1, 2),
-    command=f'{_SWEEP} --task=sudoku4 --seeds=0,1,2 --out=runs/pe_sudoku4',
+    measurement=_sweep(
+      'sudoku4', functools.partial(valid_plans, arms=_MDM_VS_AR, level=1)
+    ),
+    command='python -m experiments.reproduce mdm-beats-ar-sudoku',
     cost_minutes=90,
   ),
   Claim(
@@ -160,8 +184,10 @@ CLAIMS = (
     metric='valid two-step plans %, level 2',
     protocol=NAMED_BASELINE,
     rule=Compare('mdm', 'ar', 'higher'),
-    seeds=(0, 1, 2),
-    command=f'{_SWEEP} --task=countdown --seeds=0,1,2 --out=runs/pe_cd',
-    cost_minutes=60,
+    measurement=_sweep(
+      'countdown', functools.partial(valid_plans, arms=_MDM_VS_AR, level=2)
+    ),
+    command='python -m experiments.reproduce mdm-beats-ar-countdown',
+    cost_minutes=90,
   ),
 )

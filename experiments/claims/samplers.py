@@ -8,6 +8,8 @@ entropy. The models are 0.9M-parameter CPU models against the papers'
 billion-parameter ones, which the EB claims state as their budget.
 """
 
+import functools
+
 from experiments.claims.spec import (
   AR_SCORER,
   ENTROPY_TOL,
@@ -16,11 +18,12 @@ from experiments.claims.spec import (
   TARGET,
   Arm,
   Claim,
+  Measurement,
   Sampling,
   ancestral_sampling,
 )
 from experiments.claims.uniform import MDLM
-from experiments.claims.verdict import Compare, Ratio, Threshold
+from experiments.claims.verdict import AllOf, Compare, Ratio, Threshold
 
 _SWEEP = 'python -m experiments.sweep_samplers'
 _REPRO = 'python -m experiments.reproduce'
@@ -78,7 +81,8 @@ def _thirds(heavy: str, steps: int) -> tuple[Sampling, ...]:
 
 def _sensitivity(id_, family, regime, arms, steps, scorer, cost_minutes):
   """Which third of the steps the light network hurts most, in a regime:
-  its gen-ppl at matched entropy, light in the middle against light last."""
+  its gen-ppl at matched entropy, light in the middle against light first
+  and against light last (the middle must be worse than both)."""
   return Claim(
     id=id_,
     family=family,
@@ -91,8 +95,11 @@ def _sensitivity(id_, family, regime, arms, steps, scorer, cost_minutes):
     metric=f'AR-twin gen-ppl, T = {steps} with the cache (higher = more '
     'sensitive)',
     protocol=MATCHED_ENTROPY,
-    rule=Compare(
-      'light_middle', 'light_late', 'higher', entropy_tol=ENTROPY_TOL
+    rule=AllOf(
+      tuple(
+        Compare('light_middle', other, 'higher', entropy_tol=ENTROPY_TOL)
+        for other in ('light_early', 'light_late')
+      )
     ),
     arms=arms,
     samplings=_thirds(arms[0].name, steps),
@@ -102,20 +109,82 @@ def _sensitivity(id_, family, regime, arms, steps, scorer, cost_minutes):
   )
 
 
-# Fast-dLLM's figures, one command for the four claims (3 training seeds of
-# the long BPE quickstart, after its AR twin ar_quickstart_bpe.py:long).
-_FAST = (
-  'python -m experiments.benchmarks.fast_decoding '
-  '--workdir=runs/quickstart_bpe_long_s0 --workdir=runs/quickstart_bpe_long_s1 '
-  '--workdir=runs/quickstart_bpe_long_s2 --record (runs/quickstart_bpe_long_sS:'
-  ' python -m experiments.run --config=experiments/configs/quickstart_bpe.py'
-  ':long --workdir=runs/quickstart_bpe_long_sS --config.seed=S)'
-)
-_FAST_MINUTES = 60
+# Fast-dLLM's figures: one process per training seed of the long BPE
+# quickstart measures the four claims at once (its AR twin scores the
+# samples); `fast_decoding_values` reads each claim's arms from it.
+_FAST_ARM = Arm('mdlm', 'experiments/configs/quickstart_bpe.py:long')
+_FAST_SCORER = Arm('ar', 'experiments/configs/ar_quickstart_bpe.py:long')
+_FAST_ARGS = ('--workdir={run:mdlm}', '--scorer={scorer}')
+# Training the 3 seeds and the AR twin (1000 steps each, shared by the
+# four claims), then one measurement process per seed (~20 min each).
+_FAST_MINUTES = 150
+THRESHOLD = 0.9  # Fast-dLLM's confidence threshold.
+
+
+def fast_decoding_values(result, claim: str) -> dict[str, float]:
+  """One training seed's arms of a Fast-dLLM claim, from the JSON of
+  `experiments.benchmarks.fast_decoding` (its list of one result, or the
+  result itself).
+
+  threshold-gen-nll has no value when the threshold never revealed more
+  than one token per call: its samples are then those of one token per
+  call, so the ratio would be 1 by construction (ValueError).
+  """
+  if isinstance(result, list):
+    (result,) = result
+  thr, cache = result['threshold'], result['cache']
+  par = thr[f'threshold_{THRESHOLD}']
+  if claim == 'threshold-tokens-per-call':
+    return {
+      f'threshold {THRESHOLD}': par['tokens_per_call'],
+      'one per call': thr['one_per_call']['tokens_per_call'],
+    }
+  if claim == 'threshold-gen-nll':
+    if par['tokens_per_call'] <= 1.0 + 1e-9:
+      raise ValueError(
+        f'threshold {THRESHOLD} revealed one token per call, so its '
+        'quality equals one token per call by construction'
+      )
+    return {
+      'gen-NLL ratio': thr['gen_nll_ratio'],
+      f'threshold {THRESHOLD}': par['gen_nll_matched'],
+      'one per call': thr['one_per_call']['gen_nll_matched'],
+    }
+  if claim == 'dual-cache-speedup':
+    timing = cache['timing']
+    return {
+      'speedup': timing['speedup'],
+      'dual tokens/s': timing['dual_tokens_per_sec'],
+      'none tokens/s': timing['none_tokens_per_sec'],
+    }
+  if claim == 'dual-cache-gen-nll':
+    return {
+      'gen-NLL ratio': cache['gen_nll_ratio'],
+      'dual': cache['dual']['gen_nll_matched'],
+      'none': cache['none']['gen_nll_matched'],
+    }
+  raise KeyError(f'{claim} is not a Fast-dLLM claim')
+
+
+_FAST_MEASURE = functools.partial(
+  Measurement,
+  'experiments.benchmarks.fast_decoding',
+  (
+    *_FAST_ARGS, '--num_samples=8', '--cache_samples=4', '--repeats=2',
+    '--temperatures=0.9,1.0',
+  ),
+  '',
+  result_flag='--out',
+  result_file='fast_decoding.json',
+  per_seed=True,
+  smoke_args=(
+    *_FAST_ARGS, '--num_samples=2', '--cache_samples=1', '--repeats=1',
+    '--threshold_length=16', '--cache_length=32', '--temperatures=0.9,1.0',
+  ),
+)  # fmt: skip
 # Recorded 2026-12-05 on 3 training seeds: threshold 0.9 never revealed more
 # than one token per call, so its samples are those of one token per call
-# and the quality ratio would be 1 by construction (the benchmark writes no
-# record then).
+# and the quality ratio would be 1 by construction (no record then).
 _FAST_PENDING = (
   'not measurable on these models: threshold 0.9 revealed one token per '
   'call on all 3 seeds of quickstart_bpe.py:long (no position reaches '
@@ -276,7 +345,12 @@ CLAIMS = (
       metric=metric,
       protocol=protocol,
       rule=rule,
-      command=_FAST,
+      arms=(_FAST_ARM,),
+      scorer=_FAST_SCORER,
+      measurement=_FAST_MEASURE(
+        functools.partial(fast_decoding_values, claim=id_)
+      ),
+      command=f'{_REPRO} {id_}',
       budget_fraction=_SCALE,
       cost_minutes=_FAST_MINUTES,
       pending=_FAST_PENDING if id_ == 'threshold-gen-nll' else '',

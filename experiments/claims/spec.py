@@ -10,6 +10,7 @@ computed from a record (``records``) by the claim's rule.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -200,6 +201,16 @@ class Derived:
   describe: str = ''
 
 
+_RUN = re.compile(r'\{run:([A-Za-z0-9_]+)\}|\{scorer\}')
+
+
+def _run_names(args) -> frozenset[str]:
+  """Arm names of ``{run:ARM}`` in args, and 'scorer' for ``{scorer}``."""
+  return frozenset(
+    m.group(1) or 'scorer' for a in args or () for m in _RUN.finditer(a)
+  )
+
+
 @dataclasses.dataclass(frozen=True)
 class Measurement:
   """A command that measures a claim without ``experiments.run`` arms.
@@ -208,13 +219,18 @@ class Measurement:
   after another; ``value`` reads the claim's number from the JSON result
   of one process: a float (the arm ``arm``) or a mapping arm -> float.
 
-  Two kinds:
+  Three kinds:
   - a timing benchmark (``per_seed=False``): the model and data are
     random, nothing is trained, and each of ``processes`` processes is one
     replicate (seed kind ``PROCESSES``); time on an otherwise idle host;
   - a training sweep (``per_seed=True``): ``{seed}`` in ``args`` takes each
     of the claim's seeds in turn, so each process trains and measures one
-    training seed (seed kind ``TRAINING``).
+    training seed (seed kind ``TRAINING``);
+  - a benchmark on the claim's trained runs (``per_seed=True``, the claim
+    has arms): ``{run:ARM}`` in ``args`` is the seed's run of arm ARM and
+    ``{scorer}`` the claim's scorer run; ``experiments.reproduce`` trains
+    (or reuses) those runs first, so the benchmark's numbers come from
+    runs the registry names instead of directories made by hand.
   PATH is a file the process writes, or with ``result_file`` a directory
   (the sweep's output folder, where it also resumes) holding that file.
   Claims with the same command share its processes. ``smoke_args``
@@ -232,26 +248,49 @@ class Measurement:
   smoke_args: tuple[str, ...] | None = None
 
   def __post_init__(self):
-    for args in (self.args, self.smoke_args or ()):
-      seeded = any('{seed}' in a for a in args)
+    smoke = () if self.smoke_args is None else (self.smoke_args,)
+    for args in (self.args, *smoke):
+      seeded = any('{seed}' in a for a in args) or bool(_run_names(args))
       if seeded != self.per_seed:
         raise ValueError(
           f'measurement {self.module}: per_seed={self.per_seed} but its '
-          f'args {"hold" if seeded else "lack"} {{seed}}; a per-seed '
-          'command names its seed as {seed}, a timing one names none'
+          f'args {"hold" if seeded else "lack"} {{seed}} or {{run:ARM}}; a '
+          'per-seed command names its seed as {seed} (or its runs as '
+          '{run:ARM}), a timing one names neither'
         )
+    if _run_names(self.args) != _run_names(self.smoke_args or self.args):
+      raise ValueError(
+        f'measurement {self.module}: its smoke args name other runs '
+        f'({sorted(_run_names(self.smoke_args))}) than its args '
+        f'({sorted(_run_names(self.args))})'
+      )
+
+  @property
+  def runs(self) -> frozenset[str]:
+    """The arms ('scorer' for the scorer) whose runs the command reads."""
+    return _run_names(self.args)
 
   @property
   def seed_kind(self) -> str:
     return TRAINING if self.per_seed else PROCESSES
 
-  def args_for(self, budget: str, seed: int | None = None) -> tuple[str, ...]:
+  def args_for(
+    self,
+    budget: str,
+    seed: int | None = None,
+    runs: Mapping[str, str] | None = None,
+  ) -> tuple[str, ...]:
+    """The args at a budget, with ``{seed}`` and the runs filled in
+    (``runs``: arm name or 'scorer' -> that seed's workdir)."""
     args = self.args
     if budget == 'smoke' and self.smoke_args is not None:
       args = self.smoke_args
-    if seed is None:
-      return args
-    return tuple(a.replace('{seed}', str(seed)) for a in args)
+    if seed is not None:
+      args = tuple(a.replace('{seed}', str(seed)) for a in args)
+    for name, workdir in (runs or {}).items():
+      key = '{scorer}' if name == 'scorer' else f'{{run:{name}}}'
+      args = tuple(a.replace(key, workdir) for a in args)
+    return args
 
   def command(self, budget: str = 'cpu') -> str:
     """The command of one process, without its result path."""
@@ -275,8 +314,9 @@ class Claim:
     rule: a rule of ``verdict`` that turns a record into a verdict.
     arms: the runs ``experiments.reproduce`` trains (empty: the claim is
       measured by its ``measurement``, or by the command below).
-    measurement: the command ``experiments.reproduce`` runs for a claim
-      without arms: a timing benchmark or a training sweep.
+    measurement: the command ``experiments.reproduce`` runs: a timing
+      benchmark or a training sweep (no arms), or a benchmark on the
+      arms' trained runs (which it names as ``{run:ARM}``).
     samplings: sample-quality arms drawn from the trained ``arms`` (the
       record's arms are then these, at matched entropy, not the bounds).
     derived: a value computed per seed from all the arms' runs (the
@@ -347,11 +387,13 @@ class Claim:
           f'claim {self.id}: arm {arm.name} starts from unknown arm '
           f'{arm.init_from!r}'
         )
-    if self.measurement and (self.arms or self.accelerator):
+    if self.measurement and self.accelerator:
       raise ValueError(
         f'claim {self.id}: a measured claim runs its own command on this '
-        'host; it trains no arms and needs no accelerator'
+        'host and needs no accelerator'
       )
+    if self.measurement:
+      self._check_measured_runs(names)
     if self.derived and (self.samplings or not self.arms):
       raise ValueError(
         f'claim {self.id}: a derived value is computed from trained arms; '
@@ -381,6 +423,29 @@ class Claim:
       raise ValueError(
         f'claim {self.id}: with samplings the trained arms are checked by '
         f'their validation numbers, not {self.metric_key!r}'
+      )
+
+  def _check_measured_runs(self, names: list[str]) -> None:
+    """A measurement reads exactly the runs the claim trains."""
+    wanted = self.measurement.runs
+    unknown = sorted(wanted - set(names) - {'scorer'})
+    if unknown:
+      raise ValueError(
+        f'claim {self.id}: its measurement reads runs of unknown arms '
+        f'{unknown}; name one of {names}'
+      )
+    if 'scorer' in wanted and self.scorer is None:
+      raise ValueError(
+        f'claim {self.id}: its measurement reads {{scorer}}; give a scorer '
+        'arm (spec.AR_SCORER)'
+      )
+    bases = {a.init_from for a in self.arms}
+    unread = sorted(set(names) - wanted - bases)
+    if unread or self.samplings or self.derived:
+      raise ValueError(
+        f'claim {self.id}: a measured claim trains only the arms its '
+        f'command reads as {{run:ARM}} (not {unread}), with no samplings '
+        'or derived value'
       )
 
 

@@ -124,6 +124,26 @@ class Ordering:
 
 
 @dataclasses.dataclass(frozen=True)
+class AllOf:
+  """Every rule of ``rules`` holds on the same record.
+
+  For a claim with several parts: "the middle third of the steps is the
+  most sensitive" holds only if the middle beats the first third and the
+  last. The verdict is the weakest part's (a miss in any part is a miss),
+  with every part's reason.
+  """
+
+  rules: tuple[Any, ...]
+
+  def __post_init__(self):
+    if len(self.rules) < 2 or any(isinstance(r, AllOf) for r in self.rules):
+      raise ValueError(
+        'AllOf takes two or more plain rules; give the single rule itself '
+        'for one part'
+      )
+
+
+@dataclasses.dataclass(frozen=True)
 class ExactTest:
   """A test that checks the claim exactly (by enumeration, bit equality)."""
 
@@ -277,19 +297,38 @@ def ratio(rule: Ratio, record: Mapping[str, Any]) -> Verdict:
   got = Verdict(got.label, f'{rule.name}: {got.reason}')
   if rule.entropy_tol is None or got.label != REPRODUCED:
     return got
-  ha = _entropy(_arm(record, rule.arm))
-  hb = _entropy(_arm(record, rule.baseline))
-  if ha is None or hb is None:
-    return Verdict(PARTIAL, f'{got.reason}; sample entropy not recorded')
-  sharper = hb - ha if rule.direction == '<=' else ha - hb
-  if sharper > rule.entropy_tol:
-    who = rule.arm if rule.direction == '<=' else rule.baseline
-    return Verdict(
-      PARTIAL,
-      f'{got.reason}; {who} has {sharper:.3f} bits less entropy '
-      f'(> {rule.entropy_tol:g}): not matched',
-    )
+  # A sharper arm flatters a ratio that must stay low (gen-ppl), a
+  # flatter one a ratio that must stay high.
+  low = rule.direction == '<='
+  unmatched = _unmatched(
+    rule.arm, rule.baseline, record, rule.entropy_tol, sharper=low,
+    flatter=not low,
+  )  # fmt: skip
+  if unmatched:
+    return Verdict(PARTIAL, f'{got.reason}; {unmatched}')
   return got
+
+
+def _unmatched(
+  arm: str,
+  baseline: str,
+  record: Mapping[str, Any],
+  tol: float,
+  *,
+  sharper: bool,
+  flatter: bool,
+) -> str | None:
+  """Why ``arm``'s samples are not entropy-matched to ``baseline``'s in the
+  direction(s) that could flatter it (None when they are matched)."""
+  ha = _entropy(_arm(record, arm))
+  hb = _entropy(_arm(record, baseline))
+  if ha is None or hb is None:
+    return 'sample entropy not recorded'
+  if sharper and hb - ha > tol:
+    return f'{arm} has {hb - ha:.3f} bits less entropy (> {tol:g}): not matched'
+  if flatter and ha - hb > tol:
+    return f'{arm} has {ha - hb:.3f} bits more entropy (> {tol:g}): not matched'
+  return None
 
 
 def _entropy(arm: Mapping[str, Any]) -> float | None:
@@ -338,23 +377,20 @@ def compare(rule: Compare, record: Mapping[str, Any]) -> Verdict:
     return Verdict(MISS, f'{text}: not the claimed direction')
   caps = []
   if rule.entropy_tol is not None:
-    ha, hb = _entropy(a), _entropy(b)
-    if ha is None or hb is None:
-      caps.append('sample entropy not recorded')
-    elif hb - ha > rule.entropy_tol:
-      # For a lower-is-better metric (gen-ppl) only a sharper winner is
-      # suspect: lower entropy alone lowers gen-ppl.
-      caps.append(
-        f'{rule.arm} has {hb - ha:.3f} bits less entropy '
-        f'(> {rule.entropy_tol:g}): not matched'
-      )
-    elif rule.better == 'higher' and ha - hb > rule.entropy_tol:
-      # Higher-is-better (MAUVE, or gen-ppl as a measure of damage): a
-      # flatter arm can be ahead by its entropy alone, so either way counts.
-      caps.append(
-        f'{rule.arm} has {ha - hb:.3f} bits more entropy '
-        f'(> {rule.entropy_tol:g}): not matched'
-      )
+    # For a lower-is-better metric (gen-ppl) only a sharper winner is
+    # suspect: lower entropy alone lowers gen-ppl. Higher-is-better (MAUVE,
+    # or gen-ppl as a measure of damage): a flatter arm can be ahead by its
+    # entropy alone, so either way counts.
+    unmatched = _unmatched(
+      rule.arm,
+      rule.baseline,
+      record,
+      rule.entropy_tol,
+      sharper=True,
+      flatter=rule.better == 'higher',
+    )
+    if unmatched:
+      caps.append(unmatched)
   if se is None or gain - rule.min_effect <= 2 * se:
     caps.append('inside twice its standard error')
   if not every:
@@ -436,7 +472,18 @@ def exact(rule: ExactTest, record: Mapping[str, Any]) -> Verdict:
   return Verdict(MISS, f'exact test {rule.test} fails')
 
 
+# How far each verdict is from settling a claim, for AllOf's weakest part.
+_WEAKNESS = {REPRODUCED: 0, PARTIAL: 1, MISS: 2, NOT_RUN: 3}
+
+
+def all_of(rule: AllOf, record: Mapping[str, Any]) -> Verdict:
+  parts = [_JUDGES[type(r)](r, record) for r in rule.rules]
+  worst = max(parts, key=lambda got: _WEAKNESS[got.label])
+  return Verdict(worst.label, '; '.join(got.reason for got in parts))
+
+
 _JUDGES = {
+  AllOf: all_of,
   Threshold: threshold,
   Ratio: ratio,
   Compare: compare,
