@@ -352,11 +352,19 @@ def measure_dir(
   return os.path.join(runs_dir, budget, 'measure', f'{name}-{digest}')
 
 
-def _values(m: spec.Measurement, result) -> dict[str, float]:
+def _values(m: spec.Measurement, result) -> dict[str, dict]:
+  """{arm: {'value': float, other per-seed fields}} of one result."""
   got = m.value(result)
-  if isinstance(got, Mapping):
-    return {arm: float(x) for arm, x in got.items()}
-  return {m.arm: float(got)}
+  if not isinstance(got, Mapping):
+    got = {m.arm: got}
+  return {
+    arm: (
+      {**x, 'value': float(x['value'])}
+      if isinstance(x, Mapping)
+      else {'value': float(x)}
+    )
+    for arm, x in got.items()
+  }
 
 
 def measured_runs(claim, seed, budget, runs_dir) -> dict[str, str]:
@@ -411,7 +419,9 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
       cmd.append(f'{m.result_flag}={target}')
       log(f'  {label}: {shlex.join(cmd[1:])}')
       rc = subprocess.run(cmd, cwd=ROOT).returncode
-      written = os.path.join(target, m.result_file) if m.result_file else target
+      written = target
+      if m.result_file:
+        written = os.path.join(target, m.result_file.format(seed=seed))
       if rc != 0 or not os.path.exists(written):
         raise RuntimeError(
           f'{claim.id}: {label} of {m.module} failed (exit {rc}); its log '
@@ -425,10 +435,12 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
         got = _values(m, json.load(f))
       except ValueError as e:  # The result holds no value for this claim.
         raise RuntimeError(f'{claim.id}: {label}: {e}') from None
-      for arm, x in got.items():
+      for arm, fields in got.items():
         entry = arms.setdefault(arm, {'seeds': [], 'values': []})
         entry['seeds'].append(index if seed is None else seed)
-        entry['values'].append(x)
+        entry['values'].append(fields.pop('value'))
+        for key, x in fields.items():  # e.g. the entropy a value was read at
+          entry.setdefault(key, []).append(x)
   for entry in arms.values():
     if reused:  # Measured by an earlier call, maybe at an earlier commit.
       entry['reused_seeds'] = list(reused)

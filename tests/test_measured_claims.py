@@ -350,6 +350,35 @@ def _fast_result(workdir, seed, tokens_per_call):
   ]
 
 
+def _finished_runs(claim, seeds, runs, budget='smoke') -> dict:
+  """{(arm or 'scorer', seed): workdir} of finished runs of the arms and
+  the scorer the claim's measurement reads (no training)."""
+  arms = [(a.name, a, s) for a in claim.arms for s in seeds]
+  if claim.scorer is not None and 'scorer' in claim.measurement.runs:
+    arms.append(('scorer', claim.scorer, spec.SCORER_SEED))
+  finished = {}
+  for name, arm, seed in arms:
+    workdir = reproduce.workdir_of(claim, arm, seed, budget, runs)
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+      json.dump({'validation': {'bits_per_token': 6.0 + seed}}, f)
+    finished[name, seed] = workdir
+  return finished
+
+
+def _fake_benchmark(monkeypatch, write):
+  """Replaces the benchmark processes by `write(flags)` (git still runs)."""
+  real_run = subprocess.run
+
+  def fake_run(cmd, **kwargs):
+    if cmd[0] != sys.executable:  # git, for the record's commit
+      return real_run(cmd, **kwargs)
+    write(cmd[2], dict(a[2:].split('=', 1) for a in cmd[3:] if '=' in a))
+    return subprocess.CompletedProcess(cmd, 0)
+
+  monkeypatch.setattr(reproduce.subprocess, 'run', fake_run)
+
+
 def test_reproduce_trains_the_runs_a_benchmark_reads_then_runs_it_per_seed(
   tmp_path, monkeypatch
 ):
@@ -358,35 +387,20 @@ def test_reproduce_trains_the_runs_a_benchmark_reads_then_runs_it_per_seed(
   reuses its processes, and a result without the claim's value fails."""
   claim = registry.get('dual-cache-speedup')
   runs, recs = str(tmp_path / 'runs'), str(tmp_path / 'records')
-  finished = {}
-  for name, arm, seed in (
-    ('mdlm', claim.arms[0], 0),
-    ('mdlm', claim.arms[0], 1),
-    ('scorer', claim.scorer, spec.SCORER_SEED),
-  ):
-    workdir = reproduce.workdir_of(claim, arm, seed, 'smoke', runs)
-    os.makedirs(workdir)
-    with open(os.path.join(workdir, 'summary.json'), 'w') as f:
-      json.dump({'validation': {'bits_per_token': 6.0 + seed}}, f)
-    finished[name, seed] = workdir
+  finished = _finished_runs(claim, (0, 1), runs)
   calls = []
-  real_run = subprocess.run
 
-  def fake_run(cmd, **kwargs):
-    if cmd[0] != sys.executable:  # git, for the record's commit
-      return real_run(cmd, **kwargs)
-    flags = dict(a[2:].split('=', 1) for a in cmd[3:] if '=' in a)
+  def write(module, flags):
     seed = int(flags['workdir'][-1])
     assert flags['workdir'] == finished['mdlm', seed]
     assert flags['scorer'] == finished['scorer', spec.SCORER_SEED]
-    assert cmd[2] == 'experiments.benchmarks.fast_decoding'
+    assert module == 'experiments.benchmarks.fast_decoding'
     os.makedirs(flags['out'])
     with open(os.path.join(flags['out'], 'fast_decoding.json'), 'w') as f:
       json.dump(_fast_result(flags['workdir'], seed, 1.0), f)
     calls.append(seed)
-    return subprocess.CompletedProcess(cmd, 0)
 
-  monkeypatch.setattr(reproduce.subprocess, 'run', fake_run)
+  _fake_benchmark(monkeypatch, write)
   lines = []
   record, _, _ = reproduce.reproduce(
     claim, (0, 1), 'smoke', runs, recs, 'cmd', log=lines.append
@@ -417,3 +431,54 @@ def test_reproduce_trains_the_runs_a_benchmark_reads_then_runs_it_per_seed(
   assert reproduce.measure_dir(
     other.measurement, 'smoke', runs, other
   ) != reproduce.measure_dir(claim.measurement, 'smoke', runs, claim)
+
+
+def test_a_benchmark_value_may_carry_the_entropy_a_rule_checks(
+  tmp_path, monkeypatch
+):
+  """DDPD's gen-ppl comes with the entropy it was read at, per seed, so
+  the matched-entropy rule can refuse a sharper winner."""
+  from experiments.claims import ddpd
+
+  claim = registry.get('ddpd-beats-ancestral-t32')
+  runs, recs = str(tmp_path / 'runs'), str(tmp_path / 'records')
+  finished = _finished_runs(claim, (0, 1, 2), runs, 'cpu')
+  sharp = {'ddpd': 0.0}
+
+  def write(module, flags):
+    assert module == 'experiments.benchmarks.ddpd_compare'
+    seed = int(flags['planner'][-1])
+    assert flags['denoiser'].endswith(finished['mdlm', seed][-20:])
+    rows = {
+      arm: {
+        'gen_ppl': ppl + seed,
+        'entropy_bits': 4.40 - sharp.get(arm, 0.0),
+        'nfe': 66,
+        'flops_per_sample': 1e9,
+      }
+      for arm, ppl in (('ddpd', 30.0), ('ancestral', 34.0))
+    }
+    path = os.path.join(flags['out'], f's{seed}', 'result.json')
+    os.makedirs(os.path.dirname(path))
+    with open(path, 'w') as f:
+      json.dump({'steps': {'32': rows, '64': rows}}, f)
+
+  _fake_benchmark(monkeypatch, write)
+  record, _, _ = reproduce.reproduce(claim, (0, 1, 2), 'cpu', runs, recs, 'c')
+  arm = record['arms']['ddpd']
+  assert arm['values'] == [30.0, 31.0, 32.0] and arm['nfe'] == [66] * 3
+  assert arm['entropy'] == [4.40] * 3
+  assert v.judge(claim.rule, record).label == v.REPRODUCED
+  # Sharper DDPD samples: the same gen-ppl no longer settles the claim.
+  sharp['ddpd'] = 0.1
+  again = str(tmp_path / 'runs2')
+  _finished_runs(claim, (0, 1, 2), again, 'cpu')
+  record, _, _ = reproduce.reproduce(claim, (0, 1, 2), 'cpu', again, recs, 'c')
+  got = v.judge(claim.rule, record)
+  assert got.label == v.PARTIAL and 'less entropy' in got.reason
+  assert ddpd.matched_arms(
+    {'steps': {'64': {'ddpd': {'gen_ppl': 1.0, 'entropy_bits': 2.0,
+                               'nfe': 130, 'flops_per_sample': 3.0}}}},
+    64, ('ddpd',),
+  ) == {'ddpd': {'value': 1.0, 'entropy': 2.0, 'nfe': 130,
+                 'flops_per_sample': 3.0}}  # fmt: skip

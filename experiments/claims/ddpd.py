@@ -1,42 +1,74 @@
 """DDPD, discrete diffusion with planned denoising (arXiv 2410.06264).
 
-The planner runs train `experiments/configs/ddpd.py` (3 seeds, into
-runs/ddpd_planner_0, _1, _2 with --config.seed=S); the
-denoiser of every DDPD sample is the MDLM quickstart run
-(`runs/mdlm_quickstart`), which also draws the baselines' samples, and
-the quickstart's AR twin scores all of them. Equal NFE counts both of
-DDPD's networks: T planner-denoiser steps plus the final pass are 2 (T +
-1) calls, so the baselines run 2 (T + 1) steps without caching (T = 32:
-66, T = 64: 130). With T < L, DDPD runs the paper's few-step sampler
-(`ddpd:parallel=True`: each step denoises the planner's estimate of the
-noisy positions left over the steps left). Entropies are matched by the
-temperature of the denoiser's draws (`ENTROPY_TOL`). The paper's text8
-and OpenWebText networks are ~85M parameters against these 0.9M.
-`experiments.benchmarks.ddpd_compare` draws every arm and writes the
-four records.
+For training seed S the planner (`experiments/configs/ddpd.py`, seed S)
+pairs with the MDLM quickstart's seed-S run as its denoiser, which also
+draws the baselines' samples, and the quickstart's AR twin scores all of
+them (`experiments.benchmarks.ddpd_compare`, one process per seed; the
+denoiser and scorer runs are the ones the other quickstart claims train).
+Equal NFE counts both of DDPD's networks: T planner-denoiser steps plus
+the final pass are 2 (T + 1) calls, so the baselines run 2 (T + 1) steps
+without caching (T = 32: 66, T = 64: 130). With T < L, DDPD runs the
+paper's few-step sampler (`ddpd:parallel=True`: each step denoises the
+planner's estimate of the noisy positions left over the steps left).
+Entropies are matched by the temperature of the denoiser's draws
+(`ENTROPY_TOL`). The paper's text8 and OpenWebText networks are ~85M
+parameters against these 0.9M.
 """
 
+import functools
+
 from experiments.claims.spec import (
+  AR_SCORER,
   ENTROPY_TOL,
   MATCHED_ENTROPY,
+  Arm,
   Claim,
+  Measurement,
 )
+from experiments.claims.uniform import MDLM
 from experiments.claims.verdict import Compare
 
 _PAPER = 'DDPD'
 _ARXIV = '2410.06264'
-_BENCH = 'python -m experiments.benchmarks.ddpd_compare'
 # The quickstart's 0.9M-parameter networks over the paper's ~85M.
 _SCALE = 0.9e6 / 85e6
-# Three planner seeds, then every arm of the four claims in one call.
-_COMMAND = (
-  'for s in 0 1 2; do python -m experiments.run '
-  '--config=experiments/configs/ddpd.py --workdir=runs/ddpd_planner_$s '
-  '--config.seed=$s --config.sample.num_samples=0; done; '
-  f'{_BENCH} --planner=runs/ddpd_planner_0 --planner=runs/ddpd_planner_1 '
-  '--planner=runs/ddpd_planner_2 --denoiser=runs/mdlm_quickstart '
-  '--scorer=runs/ar_quickstart --steps=32,64 --record'
+_PLANNER = Arm('planner', 'experiments/configs/ddpd.py')
+_RUNS = (
+  '--planner={run:planner}',
+  '--denoiser={run:mdlm}',
+  '--scorer={scorer}',
 )
+
+
+def matched_arms(result: dict, steps: int, arms) -> dict[str, dict]:
+  """One seed's arms at T = steps from ddpd_compare's result: gen-ppl at
+  matched entropy with the entropy, NFE and FLOPs it was read at."""
+  rows = result['steps'][str(steps)]
+  return {
+    arm: {
+      'value': rows[arm]['gen_ppl'],
+      'entropy': rows[arm]['entropy_bits'],
+      'nfe': rows[arm]['nfe'],
+      'flops_per_sample': rows[arm]['flops_per_sample'],
+    }
+    for arm in arms
+  }
+
+
+def _measurement(steps: int, baseline: str) -> Measurement:
+  """Every arm at both T, one process per seed (the four claims share it)."""
+  return Measurement(
+    'experiments.benchmarks.ddpd_compare',
+    (*_RUNS, '--steps=32,64'),
+    '',
+    functools.partial(matched_arms, steps=steps, arms=('ddpd', baseline)),
+    result_flag='--out',
+    result_file='s{seed}/result.json',
+    per_seed=True,
+    smoke_args=(
+      *_RUNS, '--steps=32,64', '--temperatures=0.9,1.0', '--num_samples=2',
+    ),
+  )  # fmt: skip
 
 
 def _beats(steps: int, baseline: str) -> Claim:
@@ -54,9 +86,14 @@ def _beats(steps: int, baseline: str) -> Claim:
     metric='AR-twin gen-ppl',
     protocol=MATCHED_ENTROPY,
     rule=Compare('ddpd', baseline, 'lower', entropy_tol=ENTROPY_TOL),
-    command=_COMMAND,
+    arms=(MDLM, _PLANNER),
+    scorer=AR_SCORER,
+    measurement=_measurement(steps, baseline),
+    command=f'python -m experiments.reproduce ddpd-beats-{baseline}-t{steps}',
     budget_fraction=_SCALE,
-    cost_minutes=60,
+    # The planners (~10 min each; the denoiser and scorer runs are shared),
+    # then 3 arms x 2 T x 5 temperatures x 64 samples per seed.
+    cost_minutes=90,
   )
 
 

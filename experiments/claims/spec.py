@@ -213,11 +213,13 @@ def _run_names(args) -> frozenset[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
-  """A command that measures a claim without ``experiments.run`` arms.
+  """A command that measures a claim in its own processes.
 
   ``python -m MODULE ARGS RESULT_FLAG=PATH`` runs in fresh processes, one
   after another; ``value`` reads the claim's number from the JSON result
-  of one process: a float (the arm ``arm``) or a mapping arm -> float.
+  of one process: a float (the arm ``arm``) or a mapping arm -> float, or
+  arm -> {'value': float, FIELD: x, ...} where a rule reads more per seed
+  than the value (the sample entropy a gen-ppl was read at, its NFE).
 
   Three kinds:
   - a timing benchmark (``per_seed=False``): the model and data are
@@ -232,7 +234,8 @@ class Measurement:
     (or reuses) those runs first, so the benchmark's numbers come from
     runs the registry names instead of directories made by hand.
   PATH is a file the process writes, or with ``result_file`` a directory
-  (the sweep's output folder, where it also resumes) holding that file.
+  (the sweep's output folder, where it also resumes) holding that file
+  (``{seed}`` in its name is the process's seed).
   Claims with the same command share its processes. ``smoke_args``
   replace ``args`` at the test-only smoke budget.
   """
