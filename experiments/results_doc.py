@@ -284,11 +284,18 @@ def _evidence(claim: spec.Claim, rec: dict | None) -> list[str]:
   lines.append('')
   lines.append(f'**{got.label}**: {got.reason}.')
   lines.append('')
-  if claim.arms or claim.measurement or isinstance(claim.rule, v.ExactTest):
-    lines.append(f'Reproduce: `python -m experiments.reproduce {claim.id}`')
+  runnable = claim.arms or claim.measurement
+  if runnable or isinstance(claim.rule, v.ExactTest):
+    command = f'python -m experiments.reproduce {claim.id}'
+    if claim.command.startswith(command):  # e.g. with --budget paper
+      command = claim.command
+    lines.append(f'Reproduce: `{command}`')
     lines.append('')
   if not rec:
-    lines.append(f'Not run. Command: `{claim.command}`.')
+    # A claim that runs by its id has its command just above.
+    lines.append(
+      'Not run.' if runnable else f'Not run. Command: `{claim.command}`.'
+    )
     lines.append('')
     return lines
   lines.append(

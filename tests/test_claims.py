@@ -583,6 +583,11 @@ def test_results_doc_is_generated_from_the_records():
   assert committed == results_doc.render(), (
     'docs/RESULTS.md is stale: python -m experiments.results_doc'
   )
+  # Each runnable claim's section gives its registered command, flags too.
+  for claim in registry.CLAIMS.values():
+    if claim.arms or claim.measurement:
+      assert f'Reproduce: `{claim.command}`' in committed, claim.id
+  assert 'reproduce md4-text8 --budget paper`' in committed
 
 
 # The reproduce command ------------------------------------------------------
