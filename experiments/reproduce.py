@@ -321,7 +321,7 @@ def measure_samplings(claim, seeds, budget, runs_dir, log=print) -> dict:
   )
 
 
-def _read_arms(claim: spec.Claim, budget: str) -> dict[str, spec.Arm]:
+def _read_arms(claim: spec.Claim) -> dict[str, spec.Arm]:
   """The arms a measurement reads as {run:ARM} ('scorer': the scorer)."""
   arms = {a.name: a for a in claim.arms}
   if claim.scorer is not None:
@@ -344,7 +344,7 @@ def measure_dir(
   if m.runs:
     keys = {
       name: arm_key(arm, budget, claim)
-      for name, arm in _read_arms(claim, budget).items()
+      for name, arm in _read_arms(claim).items()
     }
     command += ' ' + json.dumps(keys, sort_keys=True)
   digest = hashlib.sha256(command.encode()).hexdigest()[:8]
@@ -378,7 +378,7 @@ def measured_runs(claim, seed, budget, runs_dir) -> dict[str, str]:
       budget,
       runs_dir,
     )
-    for name, arm in _read_arms(claim, budget).items()
+    for name, arm in _read_arms(claim).items()
   }
 
 
@@ -421,7 +421,9 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
       rc = subprocess.run(cmd, cwd=ROOT).returncode
       written = target
       if m.result_file:
-        written = os.path.join(target, m.result_file.format(seed=seed))
+        written = os.path.join(
+          target, m.result_file.replace('{seed}', str(seed))
+        )
       if rc != 0 or not os.path.exists(written):
         raise RuntimeError(
           f'{claim.id}: {label} of {m.module} failed (exit {rc}); its log '
@@ -450,11 +452,11 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
     else f'{m.processes} fresh processes'
   )
   if m.runs:
+    seed = {'scorer': str(spec.SCORER_SEED)}
     where = ', '.join(
-      f'{{{"scorer" if n == "scorer" else "run:" + n}}} = '
-      f'{arm_key(arm, budget, claim)}/s'
-      + (str(spec.SCORER_SEED) if n == 'scorer' else 'SEED')
-      for n, arm in _read_arms(claim, budget).items()
+      f'{spec.run_placeholder(n)} = {arm_key(arm, budget, claim)}/s'
+      f'{seed.get(n, "SEED")}'
+      for n, arm in _read_arms(claim).items()
     )
     what += f' (in {os.path.relpath(runs_dir, ROOT)}/{budget}: {where})'
   notes = (

@@ -207,17 +207,25 @@ def result_dir(out: str, arm_key: str, settings: dict) -> str:
   return os.path.join(out, f'{arm_key}.{settings["sampler"]}-{digest}')
 
 
-def arm_entry(rows: list[dict], seeds) -> dict:
-  """A record's arm: gen-ppl at matched entropy, the entropy (bits) it was
-  read at, the NFE and the sampling FLOPs per sample (at the sweep's first
-  temperature), one per training seed."""
+def seed_fields(row: dict) -> dict:
+  """One seed's part of a record arm: gen-ppl at matched entropy
+  ('value'), the entropy (bits) it was read at, the NFE and the sampling
+  FLOPs per sample (at the sweep's first temperature)."""
   return {
-    'seeds': list(seeds),
-    'values': [r['gen_ppl'] for r in rows],
-    'entropy': [r['entropy_bits'] for r in rows],
-    'nfe': [r['nfe'] for r in rows],
-    'flops_per_sample': [r['flops_per_sample'] for r in rows],
+    'value': row['gen_ppl'],
+    'entropy': row['entropy_bits'],
+    'nfe': row['nfe'],
+    'flops_per_sample': row['flops_per_sample'],
   }
+
+
+def arm_entry(rows: list[dict], seeds) -> dict:
+  """A record's arm: ``seed_fields`` of each training seed as lists."""
+  per_seed = [seed_fields(r) for r in rows]
+  entry = {'seeds': list(seeds)}
+  for key in per_seed[0]:
+    entry['values' if key == 'value' else key] = [f[key] for f in per_seed]
+  return entry
 
 
 def measure_claim(

@@ -43,16 +43,10 @@ _RUNS = (
 def matched_arms(result: dict, steps: int, arms) -> dict[str, dict]:
   """One seed's arms at T = steps from ddpd_compare's result: gen-ppl at
   matched entropy with the entropy, NFE and FLOPs it was read at."""
+  from experiments.benchmarks.matched_sampling import seed_fields
+
   rows = result['steps'][str(steps)]
-  return {
-    arm: {
-      'value': rows[arm]['gen_ppl'],
-      'entropy': rows[arm]['entropy_bits'],
-      'nfe': rows[arm]['nfe'],
-      'flops_per_sample': rows[arm]['flops_per_sample'],
-    }
-    for arm in arms
-  }
+  return {arm: seed_fields(rows[arm]) for arm in arms}
 
 
 def _measurement(steps: int, baseline: str) -> Measurement:

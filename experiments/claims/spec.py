@@ -204,6 +204,11 @@ class Derived:
 _RUN = re.compile(r'\{run:([A-Za-z0-9_]+)\}|\{scorer\}')
 
 
+def run_placeholder(name: str) -> str:
+  """How a measurement's args name a run: ``{run:ARM}``, or ``{scorer}``."""
+  return '{scorer}' if name == 'scorer' else f'{{run:{name}}}'
+
+
 def _run_names(args) -> frozenset[str]:
   """Arm names of ``{run:ARM}`` in args, and 'scorer' for ``{scorer}``."""
   return frozenset(
@@ -291,7 +296,7 @@ class Measurement:
     if seed is not None:
       args = tuple(a.replace('{seed}', str(seed)) for a in args)
     for name, workdir in (runs or {}).items():
-      key = '{scorer}' if name == 'scorer' else f'{{run:{name}}}'
+      key = run_placeholder(name)
       args = tuple(a.replace(key, workdir) for a in args)
     return args
 
