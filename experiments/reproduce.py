@@ -367,6 +367,26 @@ def _values(m: spec.Measurement, result) -> dict[str, dict]:
   }
 
 
+def measured_arms(m: spec.Measurement, results) -> dict[str, dict]:
+  """The record arms {arm: {'seeds', 'values', FIELD: [...]}} of a
+  measurement's processes: ``results`` is [(seed, parsed JSON)] in order
+  (a timing benchmark's seed is its process index). A result without the
+  claim's value is a ValueError naming its process."""
+  arms = {}
+  for seed, result in results:
+    try:
+      got = _values(m, result)
+    except ValueError as e:
+      raise ValueError(f'{"seed " if m.per_seed else "p"}{seed}: {e}') from None
+    for arm, fields in got.items():
+      entry = arms.setdefault(arm, {'seeds': [], 'values': []})
+      entry['seeds'].append(seed)
+      entry['values'].append(fields.pop('value'))
+      for key, x in fields.items():  # e.g. the entropy a value was read at
+        entry.setdefault(key, []).append(x)
+  return arms
+
+
 def measured_runs(claim, seed, budget, runs_dir) -> dict[str, str]:
   """{arm or 'scorer': workdir} of the runs the measurement reads at seed
   (the scorer's is its one run, seed ``spec.SCORER_SEED``)."""
@@ -399,7 +419,7 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
     if m.per_seed
     else [(f'p{i}', None) for i in range(m.processes)]
   )
-  arms, reused, loads = {}, [], []
+  reused, loads, results = [], [], []
   for index, (unit, seed) in enumerate(units):
     final = os.path.join(out_dir, f'{unit}.json')
     label = unit if seed is None else f'seed {seed}'
@@ -433,16 +453,11 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
         shutil.copyfile(written, f'{final}.partial')
       os.replace(f'{final}.partial', final)
     with open(final) as f:
-      try:
-        got = _values(m, json.load(f))
-      except ValueError as e:  # The result holds no value for this claim.
-        raise RuntimeError(f'{claim.id}: {label}: {e}') from None
-      for arm, fields in got.items():
-        entry = arms.setdefault(arm, {'seeds': [], 'values': []})
-        entry['seeds'].append(index if seed is None else seed)
-        entry['values'].append(fields.pop('value'))
-        for key, x in fields.items():  # e.g. the entropy a value was read at
-          entry.setdefault(key, []).append(x)
+      results.append((index if seed is None else seed, json.load(f)))
+  try:
+    arms = measured_arms(m, results)
+  except ValueError as e:  # A result holds no value for this claim.
+    raise RuntimeError(f'{claim.id}: {e}') from None
   for entry in arms.values():
     if reused:  # Measured by an earlier call, maybe at an earlier commit.
       entry['reused_seeds'] = list(reused)
@@ -459,8 +474,10 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
       for n, arm in _read_arms(claim).items()
     )
     what += f' (in {os.path.relpath(runs_dir, ROOT)}/{budget}: {where})'
+  setting = f'{m.describe([r for _, r in results])} ' if m.describe else ''
   notes = (
-    f'{what} of `{m.command(budget)}`, one after another, each writing '
+    f'{setting}{what[0].upper()}{what[1:]} of `{m.command(budget)}`, one after '
+    'another, each writing '
     f'{m.result_flag}=PATH under {os.path.relpath(out_dir, ROOT)}; 1-minute '
     f'load average before each process run here: {loads}.'
   )
@@ -505,20 +522,9 @@ def reproduce(
   log=print,
 ) -> tuple[dict, verdict_lib.Verdict, str]:
   now = datetime.datetime.now(datetime.UTC)
-  record = {
-    'claim': claim.id,
-    'source': 'python -m experiments.reproduce',
-    'commit': records.git_commit(ROOT),
-    'date': now.strftime('%Y-%m-%d %H:%M UTC'),
-    'host': records.host_info(),
-    'command': command,
-    'budget': budget,
-    'seeds': list(seeds),
-    'seed_kind': spec.TRAINING,
-    'arms': {},
-  }
-  if budget == 'paper':
-    record['budget_fraction'] = 1.0
+  record = records.start(
+    claim.id, command, budget=budget, seeds=seeds, repo=ROOT, now=now
+  )
   start = time.perf_counter()
   if isinstance(claim.rule, verdict_lib.ExactTest):
     record['exact_test'] = run_exact_test(claim, log)

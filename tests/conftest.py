@@ -103,3 +103,31 @@ def smoke_mdlm_run(tmp_path_factory):
   config.mesh.shape = (1, 1, 1)
   workdir = str(tmp_path_factory.mktemp('smoke_mdlm'))
   return workdir, lm.train_and_evaluate(config, workdir)
+
+
+@pytest.fixture(scope='session')
+def judge_results():
+  """(claim id, [(seed, parsed JSON)]) -> (record, verdict) as
+  ``experiments.reproduce`` makes them from its processes' results, with
+  the claim's own reader and notes; ValueError when a result holds no
+  value for the claim."""
+  from experiments import claims as registry
+  from experiments import reproduce
+  from experiments.claims import records
+
+  def judge(claim_id, results):
+    claim = registry.CLAIMS[claim_id]
+    m = claim.measurement
+    record = records.start(
+      claim_id,
+      claim.command,
+      budget='cpu',
+      seeds=[seed for seed, _ in results],
+      seed_kind=m.seed_kind,
+    )
+    record['arms'] = reproduce.measured_arms(m, results)
+    record['notes'] = m.describe([r for _, r in results]) if m.describe else ''
+    records.validate(record)
+    return record, reproduce.verdict_of(claim, record)
+
+  return judge

@@ -1,5 +1,5 @@
-"""The DDPD comparison benchmark: matched entropy, its records and verdicts,
-and a smoke run with a smoke planner, denoiser and AR scorer."""
+"""The DDPD comparison benchmark: matched entropy, the verdicts its results
+give, and a smoke run with a smoke planner, denoiser and AR scorer."""
 
 import math
 
@@ -7,7 +7,6 @@ import pytest
 
 from experiments import claims as registry
 from experiments.benchmarks import ddpd_compare
-from experiments.claims import records
 from experiments.claims import verdict as verdict_lib
 
 LN2 = math.log(2)
@@ -49,29 +48,35 @@ def _result(seed, ddpd_ppl, base_ppl, ddpd_h=3.1, base_h=3.1):
   }
 
 
-def _verdicts(results):
-  out = {}
-  for record in ddpd_compare.claim_records(results, 'cmd', '.'):
-    records.validate(record)
-    claim = registry.CLAIMS[record['claim']]
-    out[record['claim']] = verdict_lib.judge(claim.rule, record).label
-  return out
+_IDS = tuple(c for c in registry.CLAIMS if c.startswith('ddpd-beats-'))
 
 
-def test_records_pair_planner_seeds_and_judge_the_four_claims():
-  ids = {c.id for c in registry.CLAIMS.values() if c.id.startswith('ddpd-')}
+def test_results_pair_planner_seeds_and_judge_the_four_claims(judge_results):
+  """One result per planner seed, read as `experiments.reproduce` reads
+  them (seed S: planner S with denoiser S)."""
+
+  def verdicts(results):
+    return {
+      claim: judge_results(claim, [(r['seed'], r) for r in results])[1].label
+      for claim in _IDS
+    }
+
+  assert len(_IDS) == 4
   better = [_result(s, 30.0 + s, 40.0 + s) for s in (0, 1, 2)]
-  verdicts = _verdicts(better)
-  assert set(verdicts) == ids
-  assert set(verdicts.values()) == {verdict_lib.REPRODUCED}
+  assert set(verdicts(better).values()) == {verdict_lib.REPRODUCED}
   worse = [_result(s, 45.0, 40.0) for s in (0, 1, 2)]
-  assert set(_verdicts(worse).values()) == {verdict_lib.MISS}
+  assert set(verdicts(worse).values()) == {verdict_lib.MISS}
   # A sharper DDPD (lower entropy than the baseline) cannot reproduce.
   sharp = [_result(s, 30.0, 40.0, ddpd_h=2.9) for s in (0, 1, 2)]
-  assert verdict_lib.REPRODUCED not in set(_verdicts(sharp).values())
-  record = ddpd_compare.claim_records(better, 'cmd', '.')[0]
+  assert verdict_lib.REPRODUCED not in set(verdicts(sharp).values())
+  record, _ = judge_results(
+    'ddpd-beats-ancestral-t32', [(r['seed'], r) for r in better]
+  )
   assert record['arms']['ddpd']['seeds'] == [0, 1, 2]
   assert record['arms']['ddpd']['entropy'] == [3.1, 3.1, 3.1]
+  assert record['arms']['ddpd']['nfe'] == [66] * 3
+  assert '(3.100 bits)' in record['notes']
+  assert 'runs/p0, runs/p1, runs/p2' in record['notes']
 
 
 def test_bad_arguments_are_refused_before_loading(tmp_path):
@@ -116,6 +121,9 @@ def test_smoke_compare_draws_every_arm_at_equal_nfe(smoke_mdlm_run, tmp_path):
     assert arms[name]['nfe'] <= ddpd_compare.baseline_steps(4)
     assert arms[name]['flops_per_sample'] > 0
   assert all(math.isfinite(a['gen_ppl']) for a in arms.values())
+  # The notes of the claims' records read the same result.
+  notes = registry.CLAIMS[_IDS[0]].measurement.describe([result])
+  assert f'Planner runs: {planner}.' in notes
   # A second identical call reads the saved result back.
   (again,) = ddpd_compare.main(argv)
   assert again['seconds'] == result['seconds']

@@ -1,5 +1,6 @@
-"""The Fast-dLLM decoding benchmark: its records and verdicts, and a smoke
-run on the quickstart smoke model with an AR smoke scorer."""
+"""The Fast-dLLM decoding benchmark: the verdicts its results give the four
+claims (as `experiments.reproduce` records them), and a smoke run on the
+quickstart smoke model with an AR smoke scorer."""
 
 import json
 import os
@@ -8,7 +9,6 @@ import pytest
 
 from experiments import claims as registry
 from experiments.benchmarks import fast_decoding
-from experiments.claims import records
 from experiments.claims import verdict as verdict_lib
 
 
@@ -32,6 +32,8 @@ def _result(seed, tpc, ratio, speedup, cache_ratio):
       },
       'gen_nll_ratio': cache_ratio,
       'timing': {
+        'rows': 8,
+        'repeats': 2,
         'speedup': speedup,
         'dual_tokens_per_sec': 100.0 * speedup,
         'none_tokens_per_sec': 100.0,
@@ -42,41 +44,67 @@ def _result(seed, tpc, ratio, speedup, cache_ratio):
   }
 
 
-def _verdicts(results):
-  out = {}
-  for record in fast_decoding.claim_records(results, 'cmd', '.'):
-    records.validate(record)
-    claim = registry.CLAIMS[record['claim']]
-    out[record['claim']] = verdict_lib.judge(claim.rule, record).label
-  return out
+_FAST = (
+  'threshold-tokens-per-call',
+  'threshold-gen-nll',
+  'dual-cache-speedup',
+  'dual-cache-gen-nll',
+)
 
 
-def test_records_carry_one_value_per_training_seed_and_judge_each_claim():
+@pytest.fixture
+def verdicts(judge_results):
+  """{claim: verdict label} of the four claims from one result per seed,
+  as `experiments.reproduce` records them; a claim whose value the
+  results do not hold is left out."""
+
+  def of(results):
+    out = {}
+    for claim in _FAST:
+      try:
+        _, got = judge_results(claim, [(r['seed'], [r]) for r in results])
+      except ValueError:
+        continue
+      out[claim] = got.label
+    return out
+
+  return of
+
+
+def test_records_carry_one_value_per_training_seed_and_judge_each_claim(
+  verdicts, judge_results
+):
   results = [_result(s, 3.5, 1.01, 2.5, 1.0) for s in (0, 1, 2)]
-  verdicts = _verdicts(results)
-  assert set(verdicts) == set(fast_decoding._CLAIM_IDS)
-  assert set(verdicts.values()) == {verdict_lib.REPRODUCED}
-  record = fast_decoding.claim_records(results, 'cmd', '.')[2]
+  assert verdicts(results) == dict.fromkeys(_FAST, verdict_lib.REPRODUCED)
+  record, _ = judge_results(
+    'dual-cache-speedup', [(r['seed'], [r]) for r in results]
+  )
   assert record['arms']['speedup']['values'] == [2.5, 2.5, 2.5]
   assert record['seeds'] == [0, 1, 2] and record['seed_kind'] == 'training'
+  # The notes say what the numbers were read at: the rule, the meter, load.
+  assert 'blocks of 32, threshold 0.9 with at least 4 tokens' in record['notes']
+  assert 'KL mean [0.001, 0.001, 0.001]' in record['notes']
+  assert (
+    'load average at the end of each seed: [1.0, 1.0, 1.0]' in (record['notes'])
+  )
   # One seed below a target makes that claim partial, a mean below a miss.
   mixed = [_result(0, 3.5, 1.01, 2.5, 1.0), _result(1, 3.5, 1.01, 2.5, 1.0)]
   mixed.append(_result(2, 2.5, 1.05, 1.5, 1.0))
-  verdicts = _verdicts(mixed)
-  assert verdicts['threshold-tokens-per-call'] == verdict_lib.PARTIAL
-  assert verdicts['dual-cache-gen-nll'] == verdict_lib.REPRODUCED
+  got = verdicts(mixed)
+  assert got['threshold-tokens-per-call'] == verdict_lib.PARTIAL
+  assert got['dual-cache-gen-nll'] == verdict_lib.REPRODUCED
   slow = [_result(s, 1.5, 1.2, 1.1, 1.0) for s in (0, 1, 2)]
-  verdicts = _verdicts(slow)
-  assert verdicts['dual-cache-speedup'] in (
+  got = verdicts(slow)
+  assert got['dual-cache-speedup'] in (
     verdict_lib.MISS,
     verdict_lib.INCONCLUSIVE,
   )
-  assert verdicts['threshold-gen-nll'] != verdict_lib.REPRODUCED
+  assert got['threshold-gen-nll'] != verdict_lib.REPRODUCED
   # A threshold that never fired leaves no quality record: its samples are
   # those of one token per call, so the ratio would pass by construction.
   idle = [_result(s, 1.0, 1.0, 2.5, 1.0) for s in (0, 1, 2)]
-  assert 'threshold-gen-nll' not in _verdicts(idle)
-  assert _verdicts(idle)['threshold-tokens-per-call'] in (
+  assert 'threshold-gen-nll' not in verdicts(idle)
+  assert verdicts(idle)['threshold-tokens-per-call'] in (
     verdict_lib.MISS,
     verdict_lib.INCONCLUSIVE,
   )
@@ -138,6 +166,9 @@ def test_smoke_run_measures_both_parts(smoke_mdlm_run, tmp_path):
   for claim in ('threshold-tokens-per-call', 'dual-cache-speedup'):
     got = registry.CLAIMS[claim].measurement.value(saved)
     assert all(x > 0 for x in got.values()), (claim, got)
+  # And the notes its record carries, from the same file.
+  notes = registry.CLAIMS['dual-cache-speedup'].measurement.describe([saved])
+  assert notes.startswith('Best of 1 alternating rounds on 2 rows')
   # The same run and settings are read back, not measured again.
   argv = [f'--workdir={workdir}', f'--scorer={scorer}', '--num_samples=2',
           '--cache_samples=2', '--threshold_length=16', '--cache_length=64',

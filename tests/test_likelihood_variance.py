@@ -19,8 +19,9 @@ import ddlm_jax
 from ddlm_jax.data import corpus
 from ddlm_jax.training.config import ConfigError
 from experiments.benchmarks import likelihood_variance as lv
-from experiments.claims import CLAIMS, records
+from experiments.claims import records
 from experiments.claims import verdict as v
+from experiments.claims.evaluation import best_of_16
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -58,7 +59,9 @@ def test_rows_come_from_the_validation_split(run):
     lv.rows_of(model, 10**7)
 
 
-def test_measures_every_estimator_and_writes_judged_records(run, tmp_path):
+def test_measures_every_estimator_and_writes_judged_records(
+  run, tmp_path, judge_results
+):
   out = lv.measure_run(
     run, texts=2, repeats=6, reference=256, text='validation', cases=['full']
   )
@@ -70,25 +73,23 @@ def test_measures_every_estimator_and_writes_judged_records(run, tmp_path):
     row = full[name]
     assert row['stderr'] > 0 and row['bias_stderr'] > 0
   assert full['reference']['samples'] == 256
-  # Two seeds through --json_in style inputs -> one record per claim.
+  # Two training seeds, as `experiments.reproduce` records them.
   other = dict(out, seed=out['seed'] + 1)
-  recs = lv.claim_records([out, other], '.')
-  for rec in recs:
+  best = best_of_16(full)
+  named = {
+    'best-16-draws-beat-iid-128': f'per seed: {best}, {best}.',
+    'estimators-unbiased': f'({best}, {best}; full bound)',
+  }
+  for claim, text in named.items():
+    rec, judged = judge_results(claim, [(0, out), (1, other)])
     records.write(rec, 'test', str(tmp_path))
-    judged = v.judge(CLAIMS[rec['claim']].rule, rec)
     # Two training seeds are fewer than the rules' three.
     assert judged.label in (v.PARTIAL, v.MISS), judged
-  loaded = records.load_all(str(tmp_path))
-  spread = loaded['best-16-draws-beat-iid-128'][0]
-  best = lv.best_of_16(full)
-  assert spread['arms']['best@16']['values'][0] == full[best]['stderr']
-  assert spread['seeds'] == [out['seed'], out['seed'] + 1]
-  assert '--workdir=RUN_S0 --workdir=RUN_S1 --texts=2' in spread['command']
-  # `experiments.reproduce` reads the same numbers from one run's JSON.
-  for claim in ('best-16-draws-beat-iid-128', 'estimators-unbiased'):
-    got = CLAIMS[claim].measurement.value(out)
-    rec = loaded[claim][0]
-    assert got == {a: e['values'][0] for a, e in rec['arms'].items()}
+    assert rec['seeds'] == [0, 1] and text in rec['notes']
+  spread = records.load_all(str(tmp_path))['best-16-draws-beat-iid-128'][0]
+  assert spread['arms']['best@16']['values'] == [full[best]['stderr']] * 2
+  assert spread['arms']['iid@128']['values'][0] == full['iid@128']['stderr']
+  assert 'validation rows of' in spread['notes']
 
 
 def test_bad_cases_refused():

@@ -48,7 +48,8 @@ def test_matched_interpolates_inside_the_sweep_and_clips_outside():
 
 def _record(claim, rows_by_arm, seeds):
   arms = {name: ms.arm_entry(rows, seeds) for name, rows in rows_by_arm.items()}
-  record = records.measured(claim.id, 'test', 'cmd', arms, seeds=seeds)
+  record = records.start(claim.id, 'cmd', budget='cpu', seeds=seeds)
+  record['arms'] = arms
   records.validate(record)
   return record
 

@@ -328,7 +328,10 @@ def _fast_result(workdir, seed, tokens_per_call):
     {
       'workdir': workdir,
       'seed': seed,
+      'settings': {'temperatures': [0.9, 1.0]},
+      'load_average': [1.5, 1.0, 1.0],
       'threshold': {
+        'length': 256,
         'one_per_call': {'tokens_per_call': 1.0, 'gen_nll_matched': 5.0},
         'threshold_0.9': {
           'tokens_per_call': tokens_per_call,
@@ -337,10 +340,16 @@ def _fast_result(workdir, seed, tokens_per_call):
         'gen_nll_ratio': 5.1 / 5.0,
       },
       'cache': {
+        'length': 512,
         'none': {'gen_nll_matched': 5.0},
-        'dual': {'gen_nll_matched': 5.05},
+        'dual': {
+          'gen_nll_matched': 5.05,
+          'meter': {'kl_mean': 0.01, 'kl_max': 0.5},
+        },
         'gen_nll_ratio': 1.01,
         'timing': {
+          'rows': 4,
+          'repeats': 2,
           'speedup': 2.0 + seed,
           'dual_tokens_per_sec': 100.0 * (2 + seed),
           'none_tokens_per_sec': 100.0,
@@ -411,6 +420,12 @@ def test_reproduce_trains_the_runs_a_benchmark_reads_then_runs_it_per_seed(
   assert record['trained']['mdlm']['reused_seeds'] == [0, 1]
   assert record['arms']['speedup']['values'] == [2.0, 3.0]
   assert '{run:mdlm} = quickstart_bpe' in record['notes']
+  # The claim's own notes first, then how its processes ran.
+  assert record['notes'].startswith('Best of 2 alternating rounds on 4 rows')
+  assert (
+    '(approximate). 1-minute load average at the end of each seed: '
+    '[1.5, 1.5]. One process per training seed' in record['notes']
+  )
   assert '{scorer} = ar_quickstart_bpe' in record['notes']
   # The sibling claim reads the same processes without running any.
   sibling = registry.get('dual-cache-gen-nll')
@@ -461,7 +476,12 @@ def test_a_benchmark_value_may_carry_the_entropy_a_rule_checks(
     path = os.path.join(flags['out'], f's{seed}', 'result.json')
     os.makedirs(os.path.dirname(path))
     with open(path, 'w') as f:
-      json.dump({'steps': {'32': rows, '64': rows}}, f)
+      json.dump({
+        'steps': {'32': rows, '64': rows},
+        'planner': flags['planner'],
+        'target_entropy_bits': 4.4,
+        'settings': {'temperatures': [0.9, 1.0], 'num_samples': 8},
+      }, f)  # fmt: skip
 
   _fake_benchmark(monkeypatch, write)
   record, _, _ = reproduce.reproduce(claim, (0, 1, 2), 'cpu', runs, recs, 'c')

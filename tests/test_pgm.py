@@ -473,6 +473,8 @@ def test_smoke_trains_evaluates_and_samples(tmp_path, smoke_mdlm_run):
     rows = json.loads(rows_json.read_text())
     value = registry.get(claim).measurement.value(rows)
     assert value == pytest.approx(row[key])
+  notes = registry.get('pgm-sampling-speed').measurement.describe([rows])
+  assert notes.startswith('MDLM / PGM at T = L = 32,') and 'seed 0:' in notes
   assert row['pgm']['nfe'] == row['pgm']['steps'] == 32  # T = L
   assert row['flops_ratio'] > 1  # one position per decoder call
   for name in ('mdlm', 'pgm'):

@@ -4,7 +4,7 @@
     --planner=runs/ddpd_planner_0 --planner=runs/ddpd_planner_1 \
     --planner=runs/ddpd_planner_2 --denoiser=runs/mdlm_quickstart \
     --scorer=runs/ar_quickstart [--steps=32,64] \
-    [--temperatures=0.8,0.9,1.0,1.15,1.3] [--num_samples=64] [--record]
+    [--temperatures=0.8,0.9,1.0,1.15,1.3] [--num_samples=64]
 
 Each --planner is one training seed of the DDPD planner (its seed is read
 from the run's config); every DDPD sample pairs it with the one MDLM
@@ -25,17 +25,16 @@ used and its entropy recorded, so the verdict can see the mismatch. FLOPs per
 sample (both of DDPD's networks) are in the results.
 
 Per seed the result is saved as OUT/sS/result.json with its settings
-and reused by a later identical call. --record writes the records of the
-four `ddpd-beats-*` claims (experiments/claims/ddpd.py).
+and reused by a later identical call. `python -m experiments.reproduce
+ddpd-beats-ancestral-t32` (or any of the four `ddpd-beats-*` claims,
+experiments/claims/ddpd.py) trains the runs and runs this once per seed.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
-import sys
 import time
 
 from experiments.benchmarks import matched_sampling, seed_results
@@ -119,59 +118,6 @@ def measure_planner(planner_dir: str, args) -> dict:
   return result
 
 
-# -------------------------------------------------------------- records --
-
-
-def claim_records(results: list[dict], command: str, repo: str) -> list:
-  """One record per `ddpd-beats-{baseline}-t{T}` claim measured."""
-  from experiments import claims as registry
-  from experiments.claims import records
-
-  seeds = [r['seed'] for r in results]
-  out = []
-  for steps in results[0]['steps']:
-    for baseline in BASELINES:
-      claim = f'ddpd-beats-{baseline}-t{steps}'
-      if claim not in registry.CLAIMS:
-        continue
-
-      def arm(name, steps=steps):
-        rows = [r['steps'][steps][name] for r in results]
-        return matched_sampling.arm_entry(rows, seeds)
-
-      nfe = {
-        name: results[0]['steps'][steps][name]['nfe']
-        for name in ('ddpd', baseline)
-      }
-      flops = {
-        name: results[0]['steps'][steps][name]['flops_per_sample']
-        for name in ('ddpd', baseline)
-      }
-      out.append(
-        records.measured(
-          claim,
-          'python -m experiments.benchmarks.ddpd_compare',
-          command,
-          {'ddpd': arm('ddpd'), baseline: arm(baseline)},
-          seeds=seeds,
-          budget_fraction=registry.CLAIMS[claim].budget_fraction,
-          repo=repo,
-          notes=(
-            'Training seeds of the planner; the denoiser is one MDLM run '
-            'and the baseline draws with the same sampling seed as each '
-            f"planner seed. AR-twin corpus gen-ppl at the validation text's "
-            f'unigram entropy ({results[0]["target_entropy_bits"]:.3f} bits)'
-            f', interpolated over denoiser temperatures '
-            f'{results[0]["settings"]["temperatures"]}, '
-            f'{results[0]["settings"]["num_samples"]} samples per point. '
-            f'NFE {nfe}; FLOPs per sample {flops}. Planner runs: '
-            f'{", ".join(r["planner"] for r in results)}.'
-          ),
-        )
-      )
-  return out
-
-
 def make_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('--planner', action='append', required=True)
@@ -181,7 +127,6 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument('--temperatures', default='0.8,0.9,1.0,1.15,1.3')
   p.add_argument('--num_samples', type=int, default=64)
   p.add_argument('--out', default=os.path.join('runs', 'ddpd_compare'))
-  p.add_argument('--record', action='store_true')
   return p
 
 
@@ -211,15 +156,6 @@ def main(argv=None) -> list[dict]:
   args = make_parser().parse_args(argv)
   check_args(args)
   results = [measure_planner(p, args) for p in args.planner]
-  if args.record:
-    from experiments.claims import records
-
-    command = 'python -m experiments.benchmarks.ddpd_compare ' + ' '.join(
-      sys.argv[1:] if argv is None else argv
-    )
-    tag = datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')
-    for record in claim_records(results, command, '.'):
-      print(f'record: {records.write(record, tag, records.RECORDS_DIR)}')
   return results
 
 

@@ -6,7 +6,7 @@
     --workdir=runs/quickstart_bpe_long_s2 \
     [--scorer=runs/quickstart_bpe_long_ar] [--num_samples=16] \
     [--cache_samples=8] [--repeats=3] [--temperatures=0.8,0.9,1.0] \
-    [--out=DIR] [--record]
+    [--out=DIR]
 
 (The runs: `python -m experiments.run
 --config=experiments/configs/quickstart_bpe.py:long --workdir=RUN
@@ -31,17 +31,17 @@ quality loss. Per workdir this measures both with the registered samplers:
   alternating rounds (ABBA..., best of --repeats) on --cache_samples rows.
 
 Each part's rows are also written as a frontier table and plot
-(OUT/sS/threshold_L, OUT/sS/cache_L). `--record` writes the four claim
-records (experiments/claims/samplers.py: threshold-tokens-per-call,
-threshold-gen-nll, dual-cache-speedup, dual-cache-gen-nll), one value
-per training seed. Timings mean something only on an idle host: the
-record's notes carry the load average seen during the run.
+(OUT/sS/threshold_L, OUT/sS/cache_L), and all seeds' results as
+OUT/fast_decoding.json. `python -m experiments.reproduce
+threshold-tokens-per-call` (or `threshold-gen-nll`, `dual-cache-speedup`,
+`dual-cache-gen-nll`; experiments/claims/samplers.py) trains the runs and
+runs this once per training seed. Timings mean something only on an idle
+host: each result carries the load average seen at its end.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import time
@@ -50,10 +50,8 @@ import numpy as np
 
 from experiments import frontier
 from experiments.benchmarks import seed_results
-from experiments.claims.samplers import THRESHOLD, fast_decoding_values
+from experiments.claims.samplers import BLOCK, CACHE_FLOOR, THRESHOLD
 
-BLOCK = 32  # Fast-dLLM's block length.
-CACHE_FLOOR = 4  # Tokens per call at least, in the cache part.
 TEMPERATURES = (0.8, 0.9, 1.0)
 
 
@@ -270,79 +268,6 @@ def _brief(row: dict) -> dict:
   return {k: row[k] for k in keys if k in row}
 
 
-# -------------------------------------------------------------- records --
-
-_CLAIM_IDS = (
-  'threshold-tokens-per-call',
-  'threshold-gen-nll',
-  'dual-cache-speedup',
-  'dual-cache-gen-nll',
-)
-
-
-def claim_records(results: list[dict], command: str, repo: str) -> list:
-  """The four claim records of `results` (one value per training seed)."""
-  from experiments import claims as registry
-  from experiments.claims import records
-
-  seeds = [r['seed'] for r in results]
-  loads = [round(float(x), 2) for r in results for x in r['load_average'][:1]]
-
-  def values(path):
-    out = []
-    for r in results:
-      v = r
-      for key in path:
-        v = v[key]
-      out.append(float(v))
-    return out
-
-  kl_mean = values(('cache', 'dual', 'meter', 'kl_mean'))
-  kl_max = values(('cache', 'dual', 'meter', 'kl_max'))
-  common_notes = (
-    f'Runs: {", ".join(r["workdir"] for r in results)}; '
-    f'1-minute load average at the end of each seed: {loads}.'
-  )
-  notes = {
-    _CLAIM_IDS[0]: 'Tokens per network call at temperature 1, length '
-    f'{results[0]["threshold"]["length"]}.',
-    _CLAIM_IDS[1]: 'AR-twin gen-NLL (nats/token) at matched unigram entropy '
-    f'(temperatures {results[0]["settings"]["temperatures"]}), length '
-    f'{results[0]["threshold"]["length"]}; ratio threshold / one per call.',
-    _CLAIM_IDS[2]: 'Best of alternating rounds, compiled first; dual cache '
-    f'refreshed at block starts, blocks of {BLOCK}, threshold {THRESHOLD} '
-    f'with at least {CACHE_FLOOR} tokens per call; '
-    f'cache-error meter KL mean {kl_mean}, max {kl_max} (approximate).',
-    _CLAIM_IDS[3]: 'AR-twin gen-NLL at matched entropy, dual cache against '
-    f'no cache with the same block-wise threshold-{THRESHOLD} rule (at '
-    f'least {CACHE_FLOOR} tokens per call); meter '
-    f'KL mean {kl_mean}, max {kl_max}.',
-  }
-  out = []
-  for claim in _CLAIM_IDS:
-    try:
-      per_seed = [fast_decoding_values(r, claim) for r in results]
-    except ValueError as err:  # threshold-gen-nll when the threshold idled
-      print(f'{claim}: no record; on some seed {err}.')
-      continue
-    arms = {name: [v[name] for v in per_seed] for name in per_seed[0]}
-    out.append(
-      records.measured(
-        claim,
-        'python -m experiments.benchmarks.fast_decoding',
-        command,
-        {name: {'seeds': seeds, 'values': vals} for name, vals in arms.items()},
-        seeds=seeds,
-        # The models' scale over the paper's: what limits a claim about
-        # how confident a model is.
-        budget_fraction=registry.CLAIMS[claim].budget_fraction,
-        repo=repo,
-        notes=f'{notes[claim]} {common_notes}',
-      )
-    )
-  return out
-
-
 def make_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[1])
   p.add_argument('--workdir', action='append', required=True)
@@ -359,7 +284,6 @@ def make_parser() -> argparse.ArgumentParser:
     help='the sweep that matches entropy, e.g. 0.8,0.9,1.0',
   )
   p.add_argument('--out', default='runs/fast_decoding')
-  p.add_argument('--record', action='store_true')
   return p
 
 
@@ -390,7 +314,6 @@ def check_args(args) -> None:
 
 
 def main(argv=None) -> list[dict]:
-  import shlex
   import sys
 
   args = make_parser().parse_args(argv)
@@ -409,16 +332,6 @@ def main(argv=None) -> list[dict]:
   ]
   print(f'threshold {THRESHOLD}: tokens/call {np.round(tpc, 2).tolist()}')
   print(f'dual cache speed-up: {np.round(speed, 2).tolist()}')
-  if args.record:
-    from experiments.claims import records
-
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-    command = 'python -m experiments.benchmarks.fast_decoding ' + ' '.join(
-      shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
-    )
-    stamp = datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')
-    for record in claim_records(results, command, repo):
-      print(records.write(record, stamp, records.RECORDS_DIR))
   return results
 
 

@@ -24,19 +24,16 @@ reported too, as lm-eval's loglikelihood computes it, and stratified
 times with one mask draw shared by all samples (`+shared_mask`). Spreads
 only, no timing: the figures do not depend on machine load.
 
-`--workdir` may be given once per training seed; `--json_in` adds the
-saved output of earlier runs instead of measuring again. `--record`
-writes the claims `best-16-draws-beat-iid-128` and
-`estimators-unbiased` (experiments/claims/evaluation.py) from all of
-them, one value per training seed.
+`--workdir` may be given once per training seed. `python -m
+experiments.reproduce best-16-draws-beat-iid-128` (or
+`estimators-unbiased`; experiments/claims/evaluation.py) trains the
+quickstart's seeds and runs this once per seed.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 
 import jax
 import numpy as np
@@ -45,7 +42,6 @@ import ddlm_jax
 from ddlm_jax.data import corpus
 from ddlm_jax.evaluation import estimators as est
 from ddlm_jax.training.config import ConfigError
-from experiments.claims.evaluation import best_of_16, estimator_values
 
 PASSAGE = (
   'KING: What say you, lords? Shall we go in to supper? QUEEN: My lord, '
@@ -190,98 +186,9 @@ def measure_run(workdir, *, texts, repeats, reference, text, cases) -> dict:
   return result
 
 
-def measuring_command(results: list[dict]) -> str:
-  """The command that measures `results` again, run directories named by
-  seed (RUN_S<seed>: the quickstart trained with --config.seed)."""
-  r0 = results[0]
-  cases = ','.join(
-    c for c in ('full', 'conditional') if all(c in r for r in results)
-  )
-  return (
-    'python -m experiments.benchmarks.likelihood_variance '
-    + ' '.join(f'--workdir=RUN_S{r["seed"]}' for r in results)
-    + f' --texts={r0["texts"]} --repeats={r0["repeats"]} '
-    f'--reference={r0["full"]["reference"]["samples"]} --cases={cases} '
-    '--record (RUN_S<n>: python -m experiments.run '
-    '--config=experiments/configs/quickstart.py --workdir=RUN_S<n> '
-    '--config.seed=<n>)'
-  )
-
-
-def claim_records(results: list[dict], repo: str) -> list:
-  """The two claim records of `results` (one per training seed)."""
-  from experiments.claims import records
-
-  results = sorted(results, key=lambda r: r['seed'])
-  seeds = [r['seed'] for r in results]
-  command = measuring_command(results)
-  best = [best_of_16(r['full']) for r in results]
-  common = {
-    'source': 'python -m experiments.benchmarks.likelihood_variance',
-    'commit': records.git_commit(repo),
-    'date': datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC'),
-    'host': records.host_info(),
-    'command': command,
-    'budget': 'cpu',
-    'budget_fraction': None,
-    'seed_kind': 'training',
-    'seeds': seeds,
-  }
-  setup = (
-    f'{results[0]["texts"]} validation rows of {results[0]["seq_len"]} '
-    f'tokens, {results[0]["repeats"]} repeats per estimator, reference '
-    f'{results[0]["full"]["reference"]["samples"]} i.i.d. draws; runs at '
-    'step ' + ', '.join(str(r['step']) for r in results)
-  )
-
-  def table(fmt):
-    """'seed S, case: name value; ...' over the runs and cases."""
-    parts = []
-    for r in results:
-      for case in ('full', 'conditional'):
-        if case in r:
-          cells = ', '.join(
-            f'{k} {fmt(v)}' for k, v in r[case].items() if k != 'reference'
-          )
-          parts.append(f'seed {r["seed"]}, {case}: {cells}')
-    return '; '.join(parts)
-
-  def arms(claim):
-    per_seed = [estimator_values(r, claim) for r in results]
-    return {
-      name: {'seeds': seeds, 'values': [v[name] for v in per_seed]}
-      for name in per_seed[0]
-    }
-
-  spread = {
-    **common,
-    'claim': 'best-16-draws-beat-iid-128',
-    'arms': arms('best-16-draws-beat-iid-128'),
-    'notes': f'Best 16-draw estimator per seed: {", ".join(best)}. {setup}. '
-    'Draws of each that match 128 i.i.d. draws (S (its spread / the '
-    'iid@128 spread)^2): '
-    + table(lambda v: f'{v["draws_to_match_iid_128"]:.0f}')
-    + '. Standard error (spread over repeats, nats per row): '
-    + table(lambda v: f'{v["stderr"]:.3f}')
-    + '.',
-  }
-  bias = {
-    **common,
-    'claim': 'estimators-unbiased',
-    'arms': arms('estimators-unbiased'),
-    'notes': 'Values: |mean of the repeats - reference| / its standard '
-    f'error, for the best 16-draw estimator ({", ".join(best)}; full '
-    f'bound). {setup}. Bias (nats per row) +- its standard error: '
-    + table(lambda v: f'{v["bias"]:+.3f} +- {v["bias_stderr"]:.3f}')
-    + '.',
-  }
-  return [spread, bias]
-
-
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--workdir', action='append', default=[])
-  parser.add_argument('--json_in', action='append', default=[])
   parser.add_argument('--texts', type=int, default=8)
   parser.add_argument('--repeats', type=int, default=32)
   parser.add_argument('--reference', type=int, default=4096)
@@ -290,11 +197,6 @@ def main(argv=None) -> dict:
   )
   parser.add_argument('--cases', default='full,conditional')
   parser.add_argument('--out', default='')
-  parser.add_argument(
-    '--record',
-    action='store_true',
-    help='write the claim records (experiments/claims/records)',
-  )
   args = parser.parse_args(argv)
   cases = [c for c in args.cases.split(',') if c]
   bad = [c for c in cases if c not in ('full', 'conditional')]
@@ -302,37 +204,25 @@ def main(argv=None) -> dict:
     raise ConfigError(
       f'--cases={args.cases}: list full and optionally conditional.'
     )
-  if not args.workdir and not args.json_in:
-    raise ConfigError('give --workdir=RUN (or --json_in=FILE).')
-  runs = []
-  for path in args.json_in:
-    with open(path) as f:
-      loaded = json.load(f)
-    runs.extend(loaded['runs'] if 'runs' in loaded else [loaded])
-  for workdir in args.workdir:
-    runs.append(
-      measure_run(
-        workdir,
-        texts=args.texts,
-        repeats=args.repeats,
-        reference=args.reference,
-        text=args.text,
-        cases=cases,
-      )
+  if not args.workdir:
+    raise ConfigError('give --workdir=RUN (once per run to measure).')
+  runs = [
+    measure_run(
+      workdir,
+      texts=args.texts,
+      repeats=args.repeats,
+      reference=args.reference,
+      text=args.text,
+      cases=cases,
     )
+    for workdir in args.workdir
+  ]
   result = runs[0] if len(runs) == 1 else {'runs': runs}
   text = json.dumps(result, indent=2)
   print(text)
   if args.out:
     with open(args.out, 'w') as f:
       f.write(text + '\n')
-  if args.record:
-    from experiments.claims import records
-
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
-    stamp = datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%SZ')
-    for record in claim_records(runs, repo):
-      print(records.write(record, stamp, records.RECORDS_DIR))
   return result
 
 

@@ -13,7 +13,7 @@ PGM / MDLM of tokens/s are the values of claims `pgm-sampling-flops` and
 
   python -m experiments.benchmarks.pgm_sampling \
     --mdlm=MDLM_RUN_S{seed} --pgm=PGM_RUN_S{seed} --seeds=0,1,2 \
-    [--num_samples=4] [--repeats=4] [--json=ROWS.json] [--record]
+    [--num_samples=4] [--repeats=4] [--json=ROWS.json]
 
 `python -m experiments.reproduce pgm-sampling-speed` (or -flops) runs it
 once per seed on the runs of `pgm-bound-near-mdlm`, training them first.
@@ -24,17 +24,12 @@ Timings need an idle host: run nothing else meanwhile.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import sys
 
 from ddlm_jax.evaluation.sample_run import draw_samples
 from ddlm_jax.sampling.registry import get_sampler
 from ddlm_jax.tasks.language_model import load_run
-from experiments.claims import records
-
-CLAIMS = ('pgm-sampling-flops', 'pgm-sampling-speed')
 
 
 def _timed_fn(run, sampler, num_samples: int):
@@ -87,18 +82,6 @@ def measure(
   return out
 
 
-def record_of(claim: str, key: str, seeds, rows, command: str) -> dict:
-  """The claim's record: one arm 'ratio' with a value per seed."""
-  return records.measured(
-    claim,
-    'experiments.benchmarks.pgm_sampling',
-    command,
-    {'ratio': {'seeds': list(seeds), 'values': [r[key] for r in rows]}},
-    seeds=seeds,
-    notes=json.dumps(rows),
-  )
-
-
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--mdlm', required=True, help='workdir, {seed} filled')
@@ -106,7 +89,6 @@ def main(argv=None):
   parser.add_argument('--seeds', default='0,1,2')
   parser.add_argument('--num_samples', type=int, default=4)
   parser.add_argument('--repeats', type=int, default=4)
-  parser.add_argument('--record', action='store_true')
   parser.add_argument('--json', default='', help='write the rows here')
   args = parser.parse_args(argv)
   seeds = [int(s) for s in args.seeds.split(',')]
@@ -126,16 +108,6 @@ def main(argv=None):
   if args.json:
     with open(args.json, 'w') as f:
       json.dump([{'seed': s, **r} for s, r in zip(seeds, rows)], f, indent=1)
-  if args.record:
-    command = 'python -m experiments.benchmarks.pgm_sampling ' + ' '.join(
-      sys.argv[1:] if argv is None else argv
-    )
-    tag = datetime.datetime.now(datetime.UTC).strftime('%Y%m%dT%H%M%S')
-    for claim, key in zip(CLAIMS, ('flops_ratio', 'speed_ratio')):
-      path = records.write(
-        record_of(claim, key, seeds, rows, command), tag, records.RECORDS_DIR
-      )
-      print(f'record: {path}')
   return rows
 
 

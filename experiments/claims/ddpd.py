@@ -49,6 +49,21 @@ def matched_arms(result: dict, steps: int, arms) -> dict[str, dict]:
   return {arm: seed_fields(rows[arm]) for arm in arms}
 
 
+def matched_notes(results) -> str:
+  """What the DDPD claims' gen-ppl was read at, from ddpd_compare's
+  result of every planner seed."""
+  first = results[0]
+  settings = first['settings']
+  return (
+    "AR-twin corpus gen-ppl at the validation text's unigram entropy "
+    f'({first["target_entropy_bits"]:.3f} bits), interpolated over the '
+    f'denoiser temperatures {settings["temperatures"]} with '
+    f'{settings["num_samples"]} samples per point; each baseline draws '
+    "with its planner seed's sampling seed. Planner runs: "
+    f'{", ".join(r["planner"] for r in results)}.'
+  )
+
+
 def _measurement(steps: int, baseline: str) -> Measurement:
   """Every arm at both T, one process per seed (the four claims share it)."""
   return Measurement(
@@ -62,6 +77,7 @@ def _measurement(steps: int, baseline: str) -> Measurement:
     smoke_args=(
       *_RUNS, '--steps=32,64', '--temperatures=0.9,1.0', '--num_samples=2',
     ),
+    describe=matched_notes,
   )  # fmt: skip
 
 

@@ -45,6 +45,51 @@ def estimator_values(result: dict, claim: str) -> dict[str, float]:
   raise KeyError(f'{claim} is not an estimator claim')
 
 
+def estimator_notes(results, claim: str) -> str:
+  """The setting and the per-estimator table behind an estimator claim's
+  values, from likelihood_variance's JSON of every training seed."""
+  first = results[0]
+  setup = (
+    f'{first["texts"]} validation rows of {first["seq_len"]} tokens, '
+    f'{first["repeats"]} repeats per estimator, reference '
+    f'{first["full"]["reference"]["samples"]} i.i.d. draws; runs at step '
+    + ', '.join(str(r['step']) for r in results)
+  )
+  best = ', '.join(best_of_16(r['full']) for r in results)
+
+  def table(fmt):
+    """'seed S, case: name value, ...; ...' over the runs and cases."""
+    parts = []
+    for r in results:
+      for case in ('full', 'conditional'):
+        if case in r:
+          cells = ', '.join(
+            f'{k} {fmt(v)}' for k, v in r[case].items() if k != 'reference'
+          )
+          parts.append(f'seed {r["seed"]}, {case}: {cells}')
+    return '; '.join(parts)
+
+  if claim == 'best-16-draws-beat-iid-128':
+    return (
+      f'Best 16-draw estimator per seed: {best}. {setup}. Draws of each '
+      'that match 128 i.i.d. draws (S (its spread / the iid@128 '
+      'spread)^2): '
+      + table(lambda v: f'{v["draws_to_match_iid_128"]:.0f}')
+      + '. Standard error (spread over repeats, nats per row): '
+      + table(lambda v: f'{v["stderr"]:.3f}')
+      + '.'
+    )
+  if claim == 'estimators-unbiased':
+    return (
+      'Values: |mean of the repeats - reference| / its standard error, '
+      f'for the best 16-draw estimator ({best}; full bound). {setup}. '
+      'Bias (nats per row) +- its standard error: '
+      + table(lambda v: f'{v["bias"]:+.3f} +- {v["bias_stderr"]:.3f}')
+      + '.'
+    )
+  raise KeyError(f'{claim} is not an estimator claim')
+
+
 # One process per training seed of the quickstart (the runs of
 # quickstart-bound), measuring every estimator on its validation rows.
 _VARIANCE = functools.partial(
@@ -59,6 +104,14 @@ _VARIANCE = functools.partial(
               '--reference=16', '--cases=full'),
 )  # fmt: skip
 _QUICKSTART = Arm('quickstart', QUICKSTART)
+
+
+def _variance(claim: str) -> Measurement:
+  """The estimator measurement with the claim's reader and notes."""
+  return _VARIANCE(
+    functools.partial(estimator_values, claim=claim),
+    describe=functools.partial(estimator_notes, claim=claim),
+  )
 
 
 def lm_eval_bits_per_byte(scores: dict) -> dict[str, float]:
@@ -99,9 +152,7 @@ CLAIMS = (
     protocol=NAMED_BASELINE,
     rule=Compare('best@16', 'iid@128', 'lower'),
     arms=(_QUICKSTART,),
-    measurement=_VARIANCE(
-      functools.partial(estimator_values, claim='best-16-draws-beat-iid-128')
-    ),
+    measurement=_variance('best-16-draws-beat-iid-128'),
     command='python -m experiments.reproduce best-16-draws-beat-iid-128',
     bound='full',
     cost_minutes=85,  # The quickstart's 3 runs, then ~20 min per seed.
@@ -122,9 +173,7 @@ CLAIMS = (
     protocol=TARGET,
     rule=Threshold('best@16', 3.0, '<='),
     arms=(_QUICKSTART,),
-    measurement=_VARIANCE(
-      functools.partial(estimator_values, claim='estimators-unbiased')
-    ),
+    measurement=_variance('estimators-unbiased'),
     command='python -m experiments.reproduce estimators-unbiased',
     bound='full',
     cost_minutes=85,

@@ -64,33 +64,36 @@ def validate(record: dict[str, Any]) -> None:
         )
 
 
-def measured(
+def start(
   claim: str,
-  source: str,
   command: str,
-  arms: dict[str, Any],
   *,
+  budget: str,
   seeds,
-  notes: str = '',
-  budget_fraction: float | None = None,
   seed_kind: str = 'training',
   repo: str = '.',
+  now: datetime.datetime | None = None,
 ) -> dict[str, Any]:
-  """A benchmark's record at CPU budget: this commit, now (UTC), this host."""
-  return {
+  """A record's first fields, before its arms: the claim, the command
+  (run by ``experiments.reproduce``), this commit, now (UTC), this host,
+  the budget and the seeds. A paper-budget record is at the paper's
+  budget (fraction 1); otherwise the claim's own fraction applies."""
+  now = now or datetime.datetime.now(datetime.UTC)
+  record = {
     'claim': claim,
-    'source': source,
+    'source': 'python -m experiments.reproduce',
     'commit': git_commit(repo),
-    'date': datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC'),
+    'date': now.strftime('%Y-%m-%d %H:%M UTC'),
     'host': host_info(),
     'command': command,
-    'budget': 'cpu',
-    'budget_fraction': budget_fraction,
-    'seed_kind': seed_kind,
+    'budget': budget,
     'seeds': list(seeds),
-    'arms': arms,
-    'notes': notes,
+    'seed_kind': seed_kind,
+    'arms': {},
   }
+  if budget == 'paper':
+    record['budget_fraction'] = 1.0
+  return record
 
 
 def load_all(records_dir: str = RECORDS_DIR) -> dict[str, list[dict]]:

@@ -119,6 +119,8 @@ _FAST_ARGS = ('--workdir={run:mdlm}', '--scorer={scorer}')
 # four claims), then one measurement process per seed (~20 min each).
 _FAST_MINUTES = 150
 THRESHOLD = 0.9  # Fast-dLLM's confidence threshold.
+BLOCK = 32  # Fast-dLLM's block length, in the cache part.
+CACHE_FLOOR = 4  # Tokens per call at least, in the cache part.
 
 
 def fast_decoding_values(result, claim: str) -> dict[str, float]:
@@ -130,8 +132,7 @@ def fast_decoding_values(result, claim: str) -> dict[str, float]:
   than one token per call: its samples are then those of one token per
   call, so the ratio would be 1 by construction (ValueError).
   """
-  if isinstance(result, list):
-    (result,) = result
+  (result,) = _one_each(result)
   thr, cache = result['threshold'], result['cache']
   par = thr[f'threshold_{THRESHOLD}']
   if claim == 'threshold-tokens-per-call':
@@ -164,6 +165,57 @@ def fast_decoding_values(result, claim: str) -> dict[str, float]:
       'none': cache['none']['gen_nll_matched'],
     }
   raise KeyError(f'{claim} is not a Fast-dLLM claim')
+
+
+def fast_decoding_notes(results, claim: str) -> str:
+  """What a Fast-dLLM claim's numbers were read at, from the JSON of
+  `experiments.benchmarks.fast_decoding` of every training seed."""
+  rows = [r for result in results for r in _one_each(result)]
+  first = rows[0]
+
+  def meter(key):
+    return [round(float(r['cache']['dual']['meter'][key]), 4) for r in rows]
+
+  matched = (
+    'AR-twin gen-NLL (nats/token) at the unigram entropy of the '
+    'validation text (temperatures '
+    f'{first["settings"]["temperatures"]}'
+  )
+  cache_rule = (
+    f'blocks of {BLOCK}, threshold {THRESHOLD} with at least {CACHE_FLOOR} '
+    f'tokens per call, length {first["cache"]["length"]}'
+  )
+  kl = f'cache-error meter KL mean {meter("kl_mean")}, max {meter("kl_max")}'
+  if claim == 'threshold-tokens-per-call':
+    return (
+      'Tokens per network call at temperature 1, length '
+      f'{first["threshold"]["length"]}.'
+    )
+  if claim == 'threshold-gen-nll':
+    return (
+      f'{matched}), length {first["threshold"]["length"]}; ratio threshold '
+      f'{THRESHOLD} / one token per call.'
+    )
+  if claim == 'dual-cache-speedup':
+    timing = first['cache']['timing']
+    loads = [round(float(r['load_average'][0]), 2) for r in rows]
+    return (
+      f'Best of {timing["repeats"]} alternating rounds on {timing["rows"]} '
+      'rows, compiled first; dual cache refreshed at block starts against '
+      f'no cache, {cache_rule}; {kl} (approximate). 1-minute load average '
+      f'at the end of each seed: {loads}.'
+    )
+  if claim == 'dual-cache-gen-nll':
+    return (
+      f'{matched}), dual cache against no cache with the same rule '
+      f'({cache_rule}); {kl}.'
+    )
+  raise KeyError(f'{claim} is not a Fast-dLLM claim')
+
+
+def _one_each(result) -> list:
+  """The benchmark writes a list of one result per process."""
+  return result if isinstance(result, list) else [result]
 
 
 _FAST_MEASURE = functools.partial(
@@ -348,7 +400,8 @@ CLAIMS = (
       arms=(_FAST_ARM,),
       scorer=_FAST_SCORER,
       measurement=_FAST_MEASURE(
-        functools.partial(fast_decoding_values, claim=id_)
+        functools.partial(fast_decoding_values, claim=id_),
+        describe=functools.partial(fast_decoding_notes, claim=id_),
       ),
       command=f'{_REPRO} {id_}',
       budget_fraction=_SCALE,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # The comparison protocols a claim can name (what makes two arms
@@ -242,7 +242,10 @@ class Measurement:
   (the sweep's output folder, where it also resumes) holding that file
   (``{seed}`` in its name is the process's seed).
   Claims with the same command share its processes. ``smoke_args``
-  replace ``args`` at the test-only smoke budget.
+  replace ``args`` at the test-only smoke budget. ``describe`` turns the
+  JSON results of every process (in seed or process order) into the
+  record's notes on what was measured (settings, the numbers behind the
+  value); ``experiments.reproduce`` adds how the processes ran.
   """
 
   module: str
@@ -254,6 +257,7 @@ class Measurement:
   processes: int = 3
   per_seed: bool = False
   smoke_args: tuple[str, ...] | None = None
+  describe: Callable[[Sequence[Any]], str] | None = None
 
   def __post_init__(self):
     smoke = () if self.smoke_args is None else (self.smoke_args,)
