@@ -462,22 +462,22 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
     if reused:  # Measured by an earlier call, maybe at an earlier commit.
       entry['reused_seeds'] = list(reused)
   what = (
-    'one process per training seed'
+    'One process per training seed'
     if m.per_seed
     else f'{m.processes} fresh processes'
   )
   if m.runs:
-    seed = {'scorer': str(spec.SCORER_SEED)}
+    run_seed = {'scorer': str(spec.SCORER_SEED)}
     where = ', '.join(
       f'{spec.run_placeholder(n)} = {arm_key(arm, budget, claim)}/s'
-      f'{seed.get(n, "SEED")}'
+      f'{run_seed.get(n, "SEED")}'
       for n, arm in _read_arms(claim).items()
     )
     what += f' (in {os.path.relpath(runs_dir, ROOT)}/{budget}: {where})'
   setting = f'{m.describe([r for _, r in results])} ' if m.describe else ''
   notes = (
-    f'{setting}{what[0].upper()}{what[1:]} of `{m.command(budget)}`, one after '
-    'another, each writing '
+    f'{setting}{what} of `{m.command(budget)}`, one after another, each '
+    'writing '
     f'{m.result_flag}=PATH under {os.path.relpath(out_dir, ROOT)}; 1-minute '
     f'load average before each process run here: {loads}.'
   )

@@ -185,19 +185,9 @@ CLAIMS = (
     protocol=MATCHED_ENTROPY,
     rule=Compare('bd3_L4', 'one_block', 'lower', entropy_tol=ENTROPY_TOL),
     arms=(_BASE, _block(4)),
-    # One token per call: the block sampler with first-hitting inside each
-    # block (4 calls per 4-token block). Four ancestral steps per block
-    # would often reveal neighbouring tokens of a block in one call, each
-    # drawn independently, which a 4-token block feels far more than
-    # MDLM's 128-token canvas does.
+    # One token per call: first-hitting inside each 4-token block.
     samplings=(
-      Sampling(
-        'bd3_L4',
-        'L4',
-        'block',
-        (('inner', 'first_hitting'),),
-        num_samples=64,
-      ),
+      block_sampling('bd3_L4', 'L4', None),
       ancestral_sampling('one_block', 'base', 128),
     ),
     scorer=AR_SCORER,

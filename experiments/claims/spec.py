@@ -165,16 +165,20 @@ def ancestral_sampling(name: str, arm: str, steps: int) -> Sampling:
   )
 
 
-def block_sampling(name: str, arm: str, inner_steps: int) -> Sampling:
-  """BD3's block sampler on a trained arm: ancestral sampling inside each
-  block, `inner_steps` calls per block, 64 samples per temperature."""
-  return Sampling(
-    name,
-    arm,
-    'block',
-    (('inner', 'ancestral'), ('inner_params', (('num_steps', inner_steps),))),
-    num_samples=64,
-  )
+def block_sampling(name: str, arm: str, inner_steps: int | None) -> Sampling:
+  """BD3's block sampler on a trained arm, 64 samples per temperature:
+  ancestral sampling inside each block, `inner_steps` calls per block, or
+  with ``None`` first-hitting inside each block, one token per call (a
+  few ancestral steps per short block often reveal neighbouring tokens
+  together, each drawn independently)."""
+  if inner_steps is None:
+    inner = (('inner', 'first_hitting'),)
+  else:
+    inner = (
+      ('inner', 'ancestral'),
+      ('inner_params', (('num_steps', inner_steps),)),
+    )
+  return Sampling(name, arm, 'block', inner, num_samples=64)
 
 
 # The scorer of sample-quality claims: the quickstart's autoregressive twin
