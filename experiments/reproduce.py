@@ -1,7 +1,9 @@
 """Reproduce a registered paper claim: train its arms, compute its verdict.
 
   python -m experiments.reproduce --list
-  python -m experiments.reproduce CLAIM [--seeds=0,1,2] [--budget=cpu|paper]
+  python -m experiments.reproduce CLAIM [CLAIM ...] [--seeds=0,1,2]
+                                  [--budget=cpu|paper]
+  python -m experiments.reproduce --rerun [--dry_run]
 
 For a claim with arms (``experiments/claims``), every (arm, seed) run is an
 ``experiments.run`` subprocess in RUNS_DIR/BUDGET/ARM_KEY/sSEED: a run whose
@@ -24,6 +26,12 @@ result is kept in RUNS_DIR/BUDGET/measure/KEY (pN.json or sN.json) and
 reused like a finished run, so claims with the same command share its
 processes; the claim's numbers are read from each.
 Time benchmarks on an otherwise idle host.
+
+Several claims run one after another, each writing its own record, whose
+command names that claim alone; ``--rerun`` runs every claim ``--list``
+marks for a rerun, the timings first (they need the host idle), and
+``--dry_run`` prints the claims with their cost estimates instead. Bad
+input for any claim stops the command before the first one runs.
 
 A sample-quality claim (``Claim.samplings``) trains its arms the same way
 (without end-of-run samples) and its scorer, the AR twin, once (seed 0);
@@ -372,19 +380,18 @@ def measured_arms(m: spec.Measurement, results) -> dict[str, dict]:
   measurement's processes: ``results`` is [(seed, parsed JSON)] in order
   (a timing benchmark's seed is its process index). A result without the
   claim's value is a ValueError naming its process."""
-  arms = {}
+  per_arm: dict[str, list] = {}
   for seed, result in results:
     try:
       got = _values(m, result)
     except ValueError as e:
       raise ValueError(f'{"seed " if m.per_seed else "p"}{seed}: {e}') from None
     for arm, fields in got.items():
-      entry = arms.setdefault(arm, {'seeds': [], 'values': []})
-      entry['seeds'].append(seed)
-      entry['values'].append(fields.pop('value'))
-      for key, x in fields.items():  # e.g. the entropy a value was read at
-        entry.setdefault(key, []).append(x)
-  return arms
+      per_arm.setdefault(arm, []).append((seed, fields))
+  return {
+    arm: records.arm_of([s for s, _ in rows], [f for _, f in rows])
+    for arm, rows in per_arm.items()
+  }
 
 
 def measured_runs(claim, seed, budget, runs_dir) -> dict[str, str]:
@@ -557,70 +564,143 @@ def reproduce(
   return record, verdict_of(claim, record), path
 
 
+def marked(records_dir: str, step: str = 'rerun') -> list[spec.Claim]:
+  """The claims ``--list`` marks with ``step``, in registry order but the
+  timings first: they need an otherwise idle host, so a queue starts with
+  them before anything shares its cores."""
+  latest = records.latest(records_dir)
+  out = []
+  for claim in registry.CLAIMS.values():
+    rec = latest.get(claim.id)
+    label = verdict_of(claim, rec).label
+    if verdict_lib.next_step(label, rec, claim.accelerator) == step:
+      out.append(claim)
+  return sorted(out, key=lambda c: not is_timing(c))
+
+
+def is_timing(claim: spec.Claim) -> bool:
+  """Times code that trains nothing, in fresh processes (replicates)."""
+  return bool(claim.measurement and not claim.measurement.per_seed)
+
+
+def checked(claim_id: str, args) -> tuple[spec.Claim, tuple[int, ...]]:
+  """The claim and its seeds, or a UsageError before anything runs."""
+  try:
+    claim = registry.get(claim_id)
+  except KeyError as e:
+    raise UsageError(e.args[0]) from None
+  seeds = parse_seeds(args.seeds, claim)
+  if is_timing(claim) and args.seeds:
+    raise UsageError(
+      f'{claim.id} times code that trains nothing in '
+      f'{claim.measurement.processes} fresh processes; drop --seeds'
+    )
+  if claim.samplings:
+    from experiments.benchmarks import matched_sampling
+
+    matched_sampling.check(claim)
+  return claim, seeds
+
+
+def runnable(claim: spec.Claim) -> bool:
+  """Trains arms, runs a measurement or an exact test (else it is measured
+  by a command of its own, which ``reproduce`` prints)."""
+  exact = isinstance(claim.rule, verdict_lib.ExactTest)
+  return bool(claim.arms or exact or claim.measurement)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
     prog='python -m experiments.reproduce',
     description=__doc__.split('\n\n')[0],
   )
-  parser.add_argument('claim', nargs='?', help='claim id (see --list)')
+  parser.add_argument(
+    'claims', nargs='*', help='claim ids (see --list), run one after another'
+  )
   parser.add_argument('--list', action='store_true', help='every claim')
+  parser.add_argument(
+    '--rerun',
+    action='store_true',
+    help='every claim --list marks for a rerun, the timings first',
+  )
+  parser.add_argument(
+    '--dry_run',
+    action='store_true',
+    help='print the claims it would run and their cost; run nothing',
+  )
   parser.add_argument('--seeds', help='comma-separated, e.g. 0,1,2')
   parser.add_argument('--budget', default='cpu', choices=BUDGETS)
   parser.add_argument('--runs_dir', default=os.path.join('runs', 'claims'))
   parser.add_argument('--records_dir', default=records.RECORDS_DIR)
+  argv = sys.argv[1:] if argv is None else list(argv)
   args = parser.parse_args(argv)
   if args.list:
     print(list_claims(args.records_dir))
     return 0
   try:
-    if not args.claim:
+    if args.rerun and args.claims:
+      raise UsageError('name claims or --rerun, not both')
+    ids = args.claims
+    if args.rerun:
+      ids = [c.id for c in marked(args.records_dir)]
+    if not ids:
+      if args.rerun:
+        print('no claim is marked for a rerun')
+        return 0
       raise UsageError('name a claim, or --list to see them')
-    try:
-      claim = registry.get(args.claim)
-    except KeyError as e:
-      raise UsageError(e.args[0]) from None
-    seeds = parse_seeds(args.seeds, claim)
-    if claim.measurement and not claim.measurement.per_seed and args.seeds:
+    plan = [checked(claim_id, args) for claim_id in ids]
+    idle = [c.id for c, _ in plan if not runnable(c)]
+    if idle and len(plan) > 1:
       raise UsageError(
-        f'{claim.id} times code that trains nothing in '
-        f'{claim.measurement.processes} fresh processes; drop --seeds'
+        f'{", ".join(idle)} is measured by a command of its own, not by '
+        'reproduce; name it alone to see that command'
       )
-    if claim.samplings:
-      from experiments.benchmarks import matched_sampling
-
-      matched_sampling.check(claim)
   except (UsageError, ConfigError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  exact = isinstance(claim.rule, verdict_lib.ExactTest)
-  if not claim.arms and not exact and not claim.measurement:
+  if args.dry_run:
+    for claim, _ in plan:
+      print(f'{claim.id}  {cost_text(claim.cost_minutes)}')
+    total = sum(c.cost_minutes for c, _ in plan)
+    print(f'{len(plan)} claims, {cost_text(total)} in all (less with reuse)')
+    return 0
+  if idle:
     print(
-      f'{claim.id} is measured by a sweep or a benchmark, not by training '
-      f'arms; its command:\n  {claim.command}\nIts record in '
+      f'{idle[0]} is measured by a sweep or a benchmark, not by training '
+      f'arms; its command:\n  {plan[0][0].command}\nIts record in '
       f'{os.path.relpath(args.records_dir, ROOT)} holds the numbers.'
     )
     return 3
-  command = 'python -m experiments.reproduce ' + shlex.join(
-    sys.argv[1:] if argv is None else argv
-  )
-  print(f'{claim.id}: {claim.statement}')
-  try:
-    record, got, path = reproduce(
-      claim,
-      seeds,
-      args.budget,
-      os.path.abspath(args.runs_dir),
-      args.records_dir,
-      command,
+  # Each record names the command that reproduces it alone.
+  options = [a for a in argv if a not in ids and a not in ('--rerun',)]
+  failed = []
+  for claim, seeds in plan:
+    command = 'python -m experiments.reproduce ' + shlex.join(
+      [claim.id, *options]
     )
-  except RuntimeError as e:
-    print(f'error: {e}', file=sys.stderr)
+    print(f'{claim.id}: {claim.statement}')
+    try:
+      record, got, path = reproduce(
+        claim,
+        seeds,
+        args.budget,
+        os.path.abspath(args.runs_dir),
+        args.records_dir,
+        command,
+      )
+    except RuntimeError as e:
+      print(f'error: {claim.id}: {e}', file=sys.stderr)
+      failed.append(claim.id)
+      continue
+    for name, arm in record['arms'].items():
+      values = ', '.join(f'{x:.4f}' for x in arm['values'])
+      print(f'  {name}: {values}')
+    print(f'verdict: {got.label} ({got.reason})')
+    print(f'record: {path}')
+  if failed:
+    if len(plan) > 1:
+      print(f'failed: {", ".join(failed)}', file=sys.stderr)
     return 1
-  for name, arm in record['arms'].items():
-    values = ', '.join(f'{x:.4f}' for x in arm['values'])
-    print(f'  {name}: {values}')
-  print(f'verdict: {got.label} ({got.reason})')
-  print(f'record: {path}')
   return 0
 
 

@@ -48,8 +48,12 @@ model and repeated timing rounds never count as training seeds. A timing
 claim on code that trains nothing (random weights, random data) counts
 fresh processes instead: its benchmark runs in at least 3, one after
 another on an otherwise idle host, and must meet the target in each. *miss*:
-the measurement points against the claim. *inconclusive at this budget*:
-it points against the claim, but our training budget is below 1% of the
+the measurement points against the claim. *not matched*: it points
+against the claim, but the claimed winner's samples had more than 0.02
+bits more unigram entropy than its baseline's (or either way for a
+higher-is-better metric), which alone raises generative perplexity, so it
+cannot settle the claim either way. *inconclusive at this budget*: it
+points against the claim, but our training budget is below 1% of the
 paper's, which cannot settle it either way. *not run*: no record.
 Sample-quality comparisons are entropy-matched: an arm that wins with more
 than 0.02 bits less unigram entropy than its baseline is at most partial,
@@ -217,9 +221,11 @@ def render(records_dir: str = records.RECORDS_DIR) -> str:
       out.append(f'- `{claim.id}`: {claim.statement}')
   out.append('')
   out.append(
-    'Marked for a rerun (a record transcribed from earlier notes that is '
-    'neither reproduced nor a miss on 3 training seeds under the rules; '
-    'timings need an otherwise idle host):\n'
+    'Marked for a rerun (a record another command made, transcribed from '
+    'earlier notes or written by a benchmark before `reproduce` measured '
+    'the claim, that is neither reproduced nor a miss on 3 training seeds '
+    'under the rules; `python -m experiments.reproduce --rerun` runs them, '
+    'the timings first, which need an otherwise idle host):\n'
   )
   rerun = [
     c.id

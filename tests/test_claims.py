@@ -154,6 +154,73 @@ def test_compare_higher_is_better_caps_a_mismatch_either_way():
   assert got.label == v.PARTIAL and '0.100 bits less entropy' in got.reason
 
 
+def test_a_miss_against_a_handicapped_arm_is_not_matched():
+  # Lower is better: a flatter loser may lose by its entropy alone.
+  rule = v.Compare('planned', 'ancestral', 'lower', entropy_tol=0.02)
+  arms = {
+    'planned': _arm([50.0, 49.0, 51.0], entropy=4.58),
+    'ancestral': _arm([33.0, 33.5, 32.5], entropy=4.40),
+  }
+  got = v.judge(rule, _rec(arms))
+  assert got.label == v.NOT_MATCHED
+  assert 'not the claimed direction' in got.reason
+  assert '0.180 bits more entropy' in got.reason
+  # A sharper loser had every advantage: its miss stands.
+  arms['planned']['entropy'] = 4.30
+  assert v.judge(rule, _rec(arms)).label == v.MISS
+  arms['planned']['entropy'] = 4.41
+  assert v.judge(rule, _rec(arms)).label == v.MISS
+  # Without entropies nothing says the arms were matched.
+  del arms['planned']['entropy']
+  got = v.judge(rule, _rec(arms))
+  assert got.label == v.NOT_MATCHED and 'not recorded' in got.reason
+  # Higher is better: a mismatch either way can decide it.
+  up = v.Compare('planned', 'ancestral', 'higher', entropy_tol=0.02)
+  arms['planned'] = _arm([30.0, 30.0, 30.0], entropy=4.30)
+  assert v.judge(up, _rec(arms)).label == v.NOT_MATCHED
+  arms['planned']['entropy'] = 4.41
+  assert v.judge(up, _rec(arms)).label == v.MISS
+  # Without a tolerance the rule does not ask for matched samples.
+  plain = v.Compare('planned', 'ancestral', 'lower')
+  arms['planned'] = _arm([50.0, 49.0, 51.0], entropy=4.58)
+  assert v.judge(plain, _rec(arms)).label == v.MISS
+  # Far below the paper's budget it is inconclusive either way.
+  low = v.judge(rule, _rec(arms), budget_fraction=0.005)
+  assert low.label == v.INCONCLUSIVE and 'not matched' in low.reason
+
+
+def test_a_ratio_miss_against_a_handicapped_arm_is_not_matched():
+  rule = v.Ratio('long', 'short', 1.25, '<=', entropy_tol=0.02)
+  arms = {
+    'long': _arm([70.0, 80.0, 70.0], entropy=4.50),
+    'short': _arm([50.0, 60.0, 50.0], entropy=4.40),
+  }
+  got = v.judge(rule, _rec(arms))
+  assert got.label == v.NOT_MATCHED and '0.100 bits more' in got.reason
+  arms['long']['entropy'] = 4.30  # Sharper: the miss stands.
+  assert v.judge(rule, _rec(arms)).label == v.MISS
+  higher = v.Ratio('long', 'short', 2.0, '>=', entropy_tol=0.02)
+  assert v.judge(higher, _rec(arms)).label == v.NOT_MATCHED
+  arms['long']['entropy'] = 4.50  # Flatter helps a ratio that must be high.
+  assert v.judge(higher, _rec(arms)).label == v.MISS
+
+
+def test_all_of_ranks_not_matched_between_partial_and_miss():
+  rule = v.AllOf(
+    (
+      v.Compare('a', 'b', 'lower', entropy_tol=0.02),
+      v.Threshold('a', 60.0, '<='),
+    )
+  )
+  arms = {
+    'a': _arm([50.0, 49.0, 51.0], entropy=4.58),
+    'b': _arm([33.0, 33.5, 32.5], entropy=4.40),
+  }
+  assert v.judge(rule, _rec(arms)).label == v.NOT_MATCHED
+  arms['a']['values'] = [70.0, 71.0, 72.0]  # The threshold misses too.
+  assert v.judge(rule, _rec(arms)).label == v.MISS
+
+
 def test_compare_single_seed_uses_the_recorded_standard_errors():
   rule = v.Compare('a', 'b', 'lower')
   rec = _rec(
@@ -315,6 +382,13 @@ def test_next_step_marks_accelerator_and_rerun_claims():
     'rerun'
   )
   assert v.next_step(v.REPRODUCED, old, False) == ''
+  # A benchmark's own record, made before reproduce measured the claim.
+  bench = {'source': 'python -m experiments.benchmarks.x', 'seeds': [0, 1, 2]}
+  assert v.next_step(v.PARTIAL, bench, False) == 'rerun'
+  assert v.next_step(v.MISS, bench, False) == ''
+  # Unmatched samples settle nothing: a transcribed one is rerun.
+  assert v.next_step(v.NOT_MATCHED, settled, False) == 'rerun'
+  assert v.next_step(v.NOT_MATCHED, new, False) == ''
 
 
 def test_no_record_or_missing_arm_is_not_run():
@@ -403,6 +477,17 @@ def _full_record(arms):
     'host': {},
     'command': 'c',
     'arms': arms,
+  }
+
+
+def test_arm_of_turns_per_seed_fields_into_per_seed_lists():
+  got = records.arm_of(
+    [0, 2], [{'value': 30.0, 'entropy': 4.40}, {'value': 31.0, 'entropy': 4.41}]
+  )
+  assert got == {
+    'seeds': [0, 2],
+    'values': [30.0, 31.0],
+    'entropy': [4.4, 4.41],
   }
 
 
@@ -619,6 +704,120 @@ def test_unknown_claim_and_bad_seeds_are_refused():
   assert out.returncode == 2 and 'no claim' in out.stderr
   out = _reproduce('quickstart-bound', '--seeds', 'x')
   assert out.returncode == 2 and 'seeds' in out.stderr
+
+
+def _records_of(tmp_path, monkeypatch, **sources):
+  """The committed newest records of these claims in tmp_path, each with
+  its ``source`` replaced, and every verdict partial: a transcribed one is
+  then marked for a rerun, whatever the records say when this runs."""
+  from experiments import reproduce
+
+  monkeypatch.setattr(
+    reproduce, 'verdict_of', lambda claim, rec: v.Verdict(v.PARTIAL, 'x')
+  )
+  latest = records.latest()
+  for claim_id, source in sources.items():
+    rec = dict(latest[claim_id], source=source)
+    records.write(rec, 'T', str(tmp_path))
+  return str(tmp_path)
+
+
+_TRANSCRIBED = 'docs/RESULTS.md at commit x, measured earlier, not rerun'
+# A timing claim and a training claim before it in the registry.
+_QUEUE = ('bd3-kv-cache-speedup', 'bpe-narrows-ar-gap')
+
+
+def test_rerun_queue_runs_the_timings_first(tmp_path, monkeypatch):
+  from experiments import reproduce
+
+  ids = list(registry.CLAIMS)
+  # The training claim comes first in the registry; the timing goes first.
+  assert ids.index('bpe-narrows-ar-gap') < ids.index('bd3-kv-cache-speedup')
+  records_dir = _records_of(
+    tmp_path,
+    monkeypatch,
+    **dict.fromkeys(_QUEUE, _TRANSCRIBED),
+    # Measured by reproduce: nothing to rerun, whatever its verdict.
+    **{'uniform-wins-few-steps': v.REPRODUCE},
+  )
+  assert [c.id for c in reproduce.marked(records_dir)] == list(_QUEUE)
+  assert reproduce.is_timing(registry.CLAIMS['bd3-kv-cache-speedup'])
+  assert not reproduce.is_timing(registry.CLAIMS['bpe-narrows-ar-gap'])
+
+
+def test_several_claims_run_in_order_each_with_its_own_command(
+  tmp_path, monkeypatch, capsys
+):
+  from experiments import reproduce
+
+  ran = []
+
+  def fake(claim, seeds, budget, runs_dir, records_dir, command, log=print):
+    ran.append((claim.id, seeds, budget, command))
+    if claim.id == 'quickstart-time':
+      raise RuntimeError('its run failed')
+    record = {'arms': {'x': {'values': [1.0]}}}
+    return record, v.Verdict(v.PARTIAL, 'fake'), 'rec.json'
+
+  monkeypatch.setattr(reproduce, 'reproduce', fake)
+  argv = ['quickstart-time', 'quickstart-bound', '--budget=smoke']
+  argv += [f'--records_dir={tmp_path}']
+  # One failure does not stop the queue; the exit code reports it.
+  assert reproduce.main(argv) == 1
+  assert [r[0] for r in ran] == ['quickstart-time', 'quickstart-bound']
+  assert ran[1][1] == registry.CLAIMS['quickstart-bound'].seeds
+  assert ran[1][2] == 'smoke'
+  assert ran[1][3] == (
+    'python -m experiments.reproduce quickstart-bound --budget=smoke '
+    f'--records_dir={tmp_path}'
+  )
+  err = capsys.readouterr().err
+  assert 'quickstart-time: its run failed' in err
+  assert 'failed: quickstart-time' in err
+
+
+def test_a_queue_checks_every_claim_before_the_first_runs(
+  tmp_path, monkeypatch, capsys
+):
+  from experiments import reproduce
+
+  def never(*a, **k):
+    raise AssertionError('nothing may run')
+
+  monkeypatch.setattr(reproduce, 'reproduce', never)
+  runs = tmp_path / 'runs'
+  base = [f'--runs_dir={runs}', f'--records_dir={tmp_path / "rec"}']
+  assert reproduce.main(['quickstart-bound', 'no-such-claim', *base]) == 2
+  assert 'no claim' in capsys.readouterr().err
+  # A timing claim refuses --seeds even behind a valid claim.
+  argv = ['quickstart-bound', 'bd3-kv-cache-speedup', '--seeds=0', *base]
+  assert reproduce.main(argv) == 2
+  assert 'drop --seeds' in capsys.readouterr().err
+  assert reproduce.main(['quickstart-bound', '--rerun', *base]) == 2
+  assert 'not both' in capsys.readouterr().err
+  assert not runs.exists() and not (tmp_path / 'rec').exists()
+
+
+def test_rerun_dry_run_lists_the_queue_and_its_cost(
+  tmp_path, monkeypatch, capsys
+):
+  from experiments import reproduce
+
+  records_dir = _records_of(
+    tmp_path,
+    monkeypatch,
+    **dict.fromkeys(_QUEUE, _TRANSCRIBED),
+  )
+  argv = ['--rerun', '--dry_run', f'--records_dir={records_dir}']
+  assert reproduce.main(argv) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert [ln.split()[0] for ln in lines[:2]] == list(_QUEUE)
+  total = sum(registry.CLAIMS[c].cost_minutes for c in _QUEUE)
+  assert lines[2].startswith('2 claims, ' + reproduce.cost_text(total))
+  empty = tmp_path / 'none'
+  empty.mkdir()
+  assert reproduce.main(['--rerun', f'--records_dir={empty}']) == 0
+  assert 'no claim is marked' in capsys.readouterr().out
 
 
 @pytest.mark.slow

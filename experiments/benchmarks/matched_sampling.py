@@ -29,6 +29,7 @@ import numpy as np
 
 from experiments import frontier
 from experiments.benchmarks import seed_results
+from experiments.claims import records
 
 # Validation windows whose unigram entropy is a claim's target (the DDPD
 # comparison's 64 samples gave 4.401 bits on the quickstart corpus).
@@ -221,11 +222,7 @@ def seed_fields(row: dict) -> dict:
 
 def arm_entry(rows: list[dict], seeds) -> dict:
   """A record's arm: ``seed_fields`` of each training seed as lists."""
-  per_seed = [seed_fields(r) for r in rows]
-  entry = {'seeds': list(seeds)}
-  for key in per_seed[0]:
-    entry['values' if key == 'value' else key] = [f[key] for f in per_seed]
-  return entry
+  return records.arm_of(seeds, [seed_fields(r) for r in rows])
 
 
 def measure_claim(

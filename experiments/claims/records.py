@@ -26,6 +26,8 @@ import platform
 import subprocess
 from typing import Any
 
+from experiments.claims.verdict import REPRODUCE
+
 RECORDS_DIR = os.path.join(os.path.dirname(__file__), 'records')
 REQUIRED = ('claim', 'source', 'commit', 'date', 'host', 'command', 'arms')
 
@@ -81,7 +83,7 @@ def start(
   now = now or datetime.datetime.now(datetime.UTC)
   record = {
     'claim': claim,
-    'source': 'python -m experiments.reproduce',
+    'source': REPRODUCE,
     'commit': git_commit(repo),
     'date': now.strftime('%Y-%m-%d %H:%M UTC'),
     'host': host_info(),
@@ -94,6 +96,17 @@ def start(
   if budget == 'paper':
     record['budget_fraction'] = 1.0
   return record
+
+
+def arm_of(seeds, per_seed) -> dict[str, list]:
+  """A record's arm from one ``{'value': x, FIELD: y, ...}`` per seed:
+  ``{'seeds': [...], 'values': [...], FIELD: [...]}`` (a field such as the
+  entropy a value was read at keeps one entry per seed)."""
+  arm = {'seeds': list(seeds)}
+  for fields in per_seed:
+    for key, x in fields.items():
+      arm.setdefault('values' if key == 'value' else key, []).append(x)
+  return arm
 
 
 def load_all(records_dir: str = RECORDS_DIR) -> dict[str, list[dict]]:

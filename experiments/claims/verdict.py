@@ -15,6 +15,10 @@ The verdicts:
                an unmatched protocol (sample entropy) keeps it from
                settling;
   miss         the measurement points against the claim;
+  not matched  it points against the claim, but the arms' samples differ in
+               entropy, beyond the claim's tolerance, the way that handicaps
+               the claimed winner (a flatter arm has a higher gen-ppl for
+               its entropy alone), so it cannot settle the claim either way;
   inconclusive at this budget
                it points against the claim, but our training budget is so
                far below the paper's that it cannot settle it either way;
@@ -31,9 +35,10 @@ from typing import Any
 REPRODUCED = 'reproduced'
 PARTIAL = 'partial'
 MISS = 'miss'
+NOT_MATCHED = 'not matched'
 INCONCLUSIVE = 'inconclusive at this budget'
 NOT_RUN = 'not run'
-VERDICTS = (REPRODUCED, PARTIAL, MISS, INCONCLUSIVE, NOT_RUN)
+VERDICTS = (REPRODUCED, PARTIAL, MISS, NOT_MATCHED, INCONCLUSIVE, NOT_RUN)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Ratio:
   sample entropies must be recorded, and the arm may not be sharper than
   the baseline by more than this where sharpness flatters the ratio (a
   lower entropy lowers gen-ppl, so it helps a ``<=`` target).
+  A miss the other way round (the arm handicapped) is 'not matched'.
   ``field`` is the per-seed list of the arms that is divided: their
   ``values`` (the metric), or another such as ``flops_per_sample``.
   """
@@ -85,7 +91,9 @@ class Compare:
   ``entropy_tol`` (bits) makes it a matched-entropy comparison: the two
   arms' sample entropies must be recorded, and the arm may be sharper than
   the baseline by at most this; with ``better='higher'`` it may not be
-  flatter by more either.
+  flatter by more either. A result against the claim is a miss only if
+  the arm was not handicapped the mirror way (flatter, or either way for
+  ``'higher'``); otherwise it is 'not matched'.
   ``min_effect`` is the smallest difference that counts as the claim's.
   """
 
@@ -295,11 +303,20 @@ def ratio(rule: Ratio, record: Mapping[str, Any]) -> Verdict:
     {**record, 'arms': {rule.name: arm}},
   )
   got = Verdict(got.label, f'{rule.name}: {got.reason}')
-  if rule.entropy_tol is None or got.label != REPRODUCED:
+  if rule.entropy_tol is None or got.label not in (REPRODUCED, MISS):
     return got
   # A sharper arm flatters a ratio that must stay low (gen-ppl), a
-  # flatter one a ratio that must stay high.
+  # flatter one a ratio that must stay high; the other way it handicaps
+  # the arm, and a miss is not settled.
   low = rule.direction == '<='
+  if got.label == MISS:
+    handicap = _unmatched(
+      rule.arm, rule.baseline, record, rule.entropy_tol, sharper=not low,
+      flatter=low,
+    )  # fmt: skip
+    if handicap:
+      return Verdict(NOT_MATCHED, f'{got.reason}, but {handicap}')
+    return got
   unmatched = _unmatched(
     rule.arm, rule.baseline, record, rule.entropy_tol, sharper=low,
     flatter=not low,
@@ -319,7 +336,8 @@ def _unmatched(
   flatter: bool,
 ) -> str | None:
   """Why ``arm``'s samples are not entropy-matched to ``baseline``'s in the
-  direction(s) that could flatter it (None when they are matched)."""
+  direction(s) asked (None when they are matched): ``sharper``, the arm
+  has less entropy; ``flatter``, more. Unrecorded entropy is unmatched."""
   ha = _entropy(_arm(record, arm))
   hb = _entropy(_arm(record, baseline))
   if ha is None or hb is None:
@@ -374,6 +392,21 @@ def compare(rule: Compare, record: Mapping[str, Any]) -> Verdict:
   text = f'{rule.arm} vs {rule.baseline}: gain {gain:+.4g}'
   text += f' (se {se:.2g})' if se is not None else ' (spread unknown)'
   if gain <= rule.min_effect:
+    # Against the claim; settled only if the claimed winner was not
+    # handicapped: flatter for a lower-is-better metric, either way for
+    # higher-is-better (as below, mirrored).
+    handicap = rule.entropy_tol is not None and _unmatched(
+      rule.arm,
+      rule.baseline,
+      record,
+      rule.entropy_tol,
+      sharper=rule.better == 'higher',
+      flatter=True,
+    )
+    if handicap:
+      return Verdict(
+        NOT_MATCHED, f'{text}: not the claimed direction, but {handicap}'
+      )
     return Verdict(MISS, f'{text}: not the claimed direction')
   caps = []
   if rule.entropy_tol is not None:
@@ -473,7 +506,7 @@ def exact(rule: ExactTest, record: Mapping[str, Any]) -> Verdict:
 
 
 # How far each verdict is from settling a claim, for AllOf's weakest part.
-_WEAKNESS = {REPRODUCED: 0, PARTIAL: 1, MISS: 2, NOT_RUN: 3}
+_WEAKNESS = {REPRODUCED: 0, PARTIAL: 1, NOT_MATCHED: 2, MISS: 3, NOT_RUN: 4}
 
 
 def all_of(rule: AllOf, record: Mapping[str, Any]) -> Verdict:
@@ -503,8 +536,8 @@ def judge(
 
   ``budget_fraction`` is our training budget over the paper's (the
   record's own value wins over the claim's); below ``budget_floor`` a
-  result against the claim (a miss, or a partial whose mean is not the
-  claim's way) becomes 'inconclusive at this budget'. A record made at the
+  result against the claim (a miss, matched in entropy or not) becomes
+  'inconclusive at this budget'. A record made at the
   test-only ``smoke`` budget is always inconclusive.
   """
   if not record:
@@ -522,7 +555,8 @@ def judge(
       f'smoke budget (a test run, not a measurement); {result.reason}',
     )
   fraction = record.get('budget_fraction', budget_fraction)
-  if result.label == MISS and fraction is not None and fraction < budget_floor:
+  against = result.label in (MISS, NOT_MATCHED)
+  if against and fraction is not None and fraction < budget_floor:
     return Verdict(
       INCONCLUSIVE,
       f"{result.reason}; at {fraction:.2g} of the paper's budget "
@@ -531,22 +565,25 @@ def judge(
   return result
 
 
-TRANSCRIBED = 'measured earlier, not rerun'
+# The source of every record experiments.reproduce measures itself.
+REPRODUCE = 'python -m experiments.reproduce'
 
 
 def next_step(label: str, record: Mapping[str, Any] | None, accelerator: bool):
   """What a claim needs next: 'accelerator run', 'rerun' or ''.
 
   A claim that only an accelerator can settle (its budget, or a device
-  path) is marked for the accelerator run; one whose record was
-  transcribed from earlier notes and is neither reproduced nor a miss on
+  path) is marked for the accelerator run. One whose record another
+  command made (transcribed from earlier notes, or written by a
+  benchmark before ``reproduce`` measured the claim, perhaps by a
+  protocol since changed) and that is neither reproduced nor a miss on
   >= 3 training seeds is marked for a rerun on CPU.
   """
   if accelerator or label == INCONCLUSIVE:
     return 'accelerator run'
   if label == REPRODUCED or not record:
     return ''
-  if TRANSCRIBED not in str(record.get('source', '')):
+  if record.get('source') == REPRODUCE:
     return ''
   settled = (
     label == MISS
