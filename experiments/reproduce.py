@@ -659,8 +659,9 @@ def main(argv=None) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 2
   if args.dry_run:
+    width = max(len(c.id) for c, _ in plan)
     for claim, _ in plan:
-      print(f'{claim.id}  {cost_text(claim.cost_minutes)}')
+      print(f'{claim.id:<{width}}  {cost_text(claim.cost_minutes)}')
     total = sum(c.cost_minutes for c, _ in plan)
     print(f'{len(plan)} claims, {cost_text(total)} in all (less with reuse)')
     return 0

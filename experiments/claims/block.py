@@ -291,9 +291,9 @@ CLAIMS = (
       ),
     ),  # fmt: skip
     command=f'{_REPRO} bd3-kv-cache-speedup',
-    # One uncached draw at L = 512 took 140 s on the 2-core host
-    # (2026-12-05); at 1024 about four times that, twice per process.
-    cost_minutes=60,
+    # One uncached draw at L = 1024 took 800 s on the idle 2-core host,
+    # 28 min a process with its compiles (2026-12-06).
+    cost_minutes=85,
   ),
   recipe(
     'bd3-lm1b',
