@@ -116,17 +116,28 @@ def verdict_of(claim: spec.Claim, record: dict | None):
   )
 
 
-def list_claims(records_dir: str) -> str:
+def statuses(records_dir: str):
+  """(claim, its newest record or None, verdict, next step) of every
+  registered claim, in registry order."""
   latest = records.latest(records_dir)
-  rows = []
   for claim in registry.CLAIMS.values():
     rec = latest.get(claim.id)
     got = verdict_of(claim, rec)
+    yield (
+      claim,
+      rec,
+      got,
+      verdict_lib.next_step(got.label, rec, claim.accelerator),
+    )
+
+
+def list_claims(records_dir: str) -> str:
+  rows = []
+  for claim, rec, got, todo in statuses(records_dir):
     where = 'accelerator' if claim.accelerator else 'cpu'
     seeds = ''
     if rec:
       seeds = ','.join(str(s) for s in rec.get('seeds', [])) or '-'
-    todo = verdict_lib.next_step(got.label, rec, claim.accelerator)
     rows.append(
       (claim.id, got.label, seeds, cost_text(claim.cost_minutes), where, todo)
     )
@@ -568,13 +579,7 @@ def marked(records_dir: str, step: str = 'rerun') -> list[spec.Claim]:
   """The claims ``--list`` marks with ``step``, in registry order but the
   timings first: they need an otherwise idle host, so a queue starts with
   them before anything shares its cores."""
-  latest = records.latest(records_dir)
-  out = []
-  for claim in registry.CLAIMS.values():
-    rec = latest.get(claim.id)
-    label = verdict_of(claim, rec).label
-    if verdict_lib.next_step(label, rec, claim.accelerator) == step:
-      out.append(claim)
+  out = [c for c, _, _, todo in statuses(records_dir) if todo == step]
   return sorted(out, key=lambda c: not is_timing(c))
 
 
