@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 
 from ddlm_jax.data import pipeline
-from ddlm_jax.parallel.mesh import distributed_args
+from ddlm_jax.parallel.mesh import cached_collectives_hang, distributed_args
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = 'experiments/configs/quickstart.py:smoke'
@@ -84,16 +84,24 @@ def _env(devices: int, **extra) -> dict:
   return env
 
 
-def _launch(argv, processes: int, devices_each: int, log_dir: pathlib.Path):
-  """Runs argv in `processes` processes (one jax.distributed job); returns
-  their output. A failure kills the others and raises _LaunchError with
+def _launch(
+  argv,
+  processes: int,
+  devices_each: int,
+  log_dir: pathlib.Path,
+  env: dict | None = None,
+  timeout_s: float = TIMEOUT_S,
+):
+  """Runs argv in `processes` processes (one jax.distributed job, `env` on
+  top of _env's); returns their output. A failure or a launch still
+  running after `timeout_s` kills the others and raises _LaunchError with
   every log."""
   port = _free_port()
   procs, logs = [], []
   for i in range(processes):
-    extra = {}
+    extra = dict(env or {})
     if processes > 1:
-      extra = dict(
+      extra.update(
         JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
         JAX_NUM_PROCESSES=processes,
         JAX_PROCESS_ID=i,
@@ -110,7 +118,7 @@ def _launch(argv, processes: int, devices_each: int, log_dir: pathlib.Path):
         text=True,
       )
     )
-  deadline = time.monotonic() + TIMEOUT_S
+  deadline = time.monotonic() + timeout_s
   try:
     while any(p.poll() is None for p in procs):
       failed = [p for p in procs if p.poll() not in (None, 0)]
@@ -263,14 +271,12 @@ _WORKER = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-def test_two_processes_read_their_rows_of_the_one_process_batch(tmp_path):
-  """jax.distributed from the env, gloo collectives, grain sharding: the
-  global array the 2 processes assemble is the 1-process batch, row for
-  row, and a jitted reduction over it spans both processes."""
+def _run_worker(log_dir, **launch) -> tuple[list[str], list[dict]]:
+  """_WORKER in 2 processes x 2 devices (retried once on a busy host):
+  their output and the RESULT each printed."""
   for attempt in range(2):
     try:
-      outs = _launch(['-c', _WORKER], 2, 2, tmp_path)
+      outs = _launch(['-c', _WORKER], 2, 2, log_dir, **launch)
       break
     except _LaunchError as err:
       if attempt or not any(s in err.output for s in _HOST_TOO_BUSY):
@@ -281,6 +287,15 @@ def test_two_processes_read_their_rows_of_the_one_process_batch(tmp_path):
     for line in out.splitlines()
     if line.startswith('RESULT ')
   ]
+  return outs, got
+
+
+@pytest.mark.slow
+def test_two_processes_read_their_rows_of_the_one_process_batch(tmp_path):
+  """jax.distributed from the env, gloo collectives, grain sharding: the
+  global array the 2 processes assemble is the 1-process batch, row for
+  row, and a jitted reduction over it spans both processes."""
+  _, got = _run_worker(tmp_path)
   assert len(got) == 2 and got[0] == got[1]
   assert got[0]['n'] == 2 and got[0]['devices'] == 4
   stream = np.arange(997, dtype=np.int32)
@@ -288,6 +303,60 @@ def test_two_processes_read_their_rows_of_the_one_process_batch(tmp_path):
   want = [next(it)['tokens'] for _ in range(3)]
   np.testing.assert_array_equal(np.asarray(got[0]['rows']), np.stack(want))
   assert got[0]['sums'] == [int(w.sum()) for w in want]
+
+
+def test_the_cached_collectives_hang_is_named_for_cpu_from_jax_0_12_1():
+  assert not cached_collectives_hang('cpu', (0, 10, 2))
+  assert not cached_collectives_hang('cpu', (0, 12, 0, 1))
+  assert cached_collectives_hang('cpu', (0, 12, 1))
+  assert cached_collectives_hang('cpu', (0, 13, 0))
+  assert not cached_collectives_hang('gpu', (0, 12, 1))
+
+
+# A float reduction over both processes, replicated to each: the smallest
+# program seen to hang when read back from the compilation cache (an int
+# sum with a default output sharding, as in _WORKER, does not).
+_REDUCE = textwrap.dedent(
+  """
+  import jax, numpy as np
+  from ddlm_jax.parallel import initialize_distributed
+
+  assert initialize_distributed()
+  mesh = jax.make_mesh((4,), ('d',))
+  rows = jax.sharding.NamedSharding(mesh, jax.P('d'))
+  local = np.full((2, 8), jax.process_index() + 1, np.float32)
+  x = jax.make_array_from_process_local_data(rows, local)
+  total = jax.jit(
+    lambda a: (2 * a).sum(),
+    out_shardings=jax.sharding.NamedSharding(mesh, jax.P()),
+  )
+  print('RESULT', float(jax.device_get(total(x))))
+  """
+)
+
+
+@pytest.mark.slow
+def test_a_second_launch_over_a_warm_compilation_cache_finishes(tmp_path):
+  """Two launches of the same two-process program over one persistent
+  compilation cache: the second finishes with the first's result. Where
+  JAX hangs on a multi-process executable read back from the cache (jax
+  0.12.1 on CPU: the second launch never ends), initialize_distributed
+  turns the cache off and says so; elsewhere the first launch fills the
+  cache for the second, silently."""
+  cache = tmp_path / 'cache'
+  env = dict(
+    JAX_COMPILATION_CACHE_DIR=cache,
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0,
+  )
+  outs = []
+  for _ in range(2):
+    outs += _launch(['-c', _REDUCE], 2, 2, tmp_path, env=env, timeout_s=240)
+  # 2 x 8 ones from process 0 and 2 x 8 twos from process 1, doubled.
+  assert [out.count('RESULT 96.0') for out in outs] == [1] * 4, outs
+  hangs = cached_collectives_hang('cpu', jax.__version_info__)
+  said = ['persistent compilation cache' in out for out in outs]
+  assert said == [hangs] * 4, outs
+  assert any(cache.glob('*')) != hangs
 
 
 # ------------------------------------------------- the real launch (slow)

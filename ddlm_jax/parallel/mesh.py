@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
+from absl import logging
 
 from ddlm_jax.parallel import liveness
 
@@ -174,7 +175,44 @@ def initialize_distributed(**kwargs) -> bool:
   jax.distributed.initialize(**{**(args or {}), **timeouts, **kwargs})
   if jax.process_count() > 1:
     _watch(liveness_s)
+    _avoid_cached_collective_hang()
   return jax.process_count() > 1
+
+
+# jax/jaxlib 0.12.1 on CPU (gloo collectives): a multi-process program whose
+# executable is read back from the persistent compilation cache never
+# finishes its first collective; every process waits forever. A two-process
+# psum shows it with nothing of this project involved, on the second run
+# over the same cache directory; 0.10.x and 0.12.0.1 run it.
+_CACHED_COLLECTIVES_HANG_FROM = (0, 12, 1)
+
+
+def cached_collectives_hang(platform: str, jax_version: tuple) -> bool:
+  """Whether a multi-process run on this platform and JAX version hangs on
+  executables loaded from the persistent compilation cache (True from
+  jax 0.12.1 on CPU; later versions count as affected until one is known to
+  have fixed it)."""
+  return platform == 'cpu' and tuple(jax_version) >= (
+    _CACHED_COLLECTIVES_HANG_FROM
+  )
+
+
+def _avoid_cached_collective_hang() -> None:
+  """Turns the persistent compilation cache off for this multi-process run
+  where cached executables hang (cached_collectives_hang), saying so: a
+  run that compiles every program beats one that never takes a step."""
+  if not jax.config.jax_compilation_cache_dir:
+    return
+  if not cached_collectives_hang(jax.default_backend(), jax.__version_info__):
+    return
+  jax.config.update('jax_enable_compilation_cache', False)
+  logging.warning(
+    'The persistent compilation cache (%s) is off for this run: on CPU, '
+    'jax %s hangs in the first collective of a multi-process program read '
+    'back from it.',
+    jax.config.jax_compilation_cache_dir,
+    jax.__version__,
+  )
 
 
 def _watch(timeout_s: int) -> None:
