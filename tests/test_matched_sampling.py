@@ -54,6 +54,38 @@ def _record(claim, rows_by_arm, seeds):
   return record
 
 
+def test_a_sweep_reports_each_point_as_it_is_drawn(monkeypatch):
+  """One progress line per temperature, in order, in bits and gen-ppl;
+  the returned points are the draws, whatever the progress callback."""
+  drawn = _points([4.0 * LN2, 4.5 * LN2], [math.log(20.0), math.log(30.0)])
+  monkeypatch.setattr(ms, 'build', lambda name, params, t, scaled: t)
+  monkeypatch.setattr(ms, 'draw', lambda run, t, **kw: drawn[t])
+  run = type('Run', (), {'data': type('D', (), {'tokenizer': None})})()
+  scorer = type('S', (), {'tokenizer': None})()
+  lines = []
+  points = ms.sweep(
+    run,
+    'x',
+    {},
+    (0.9, 1.0),
+    num_samples=2,
+    seed=0,
+    scorer=scorer,
+    progress=lines.append,
+    label='psi seed 0',
+  )
+  assert points == drawn
+  assert len(lines) == 2
+  assert lines[0].startswith(
+    'psi seed 0 sweep value 0.9 (1/2): entropy 4.000 bits, gen-ppl 20.00, '
+  )
+  assert lines[1].startswith('psi seed 0 sweep value 1 (2/2): entropy 4.500')
+  assert (
+    ms.sweep(run, 'x', {}, (0.9, 1.0), num_samples=2, seed=0, scorer=scorer)
+    == drawn
+  )
+
+
 def test_records_of_matched_sweeps_judge_a_converted_claim():
   claim = registry.get('uniform-wins-few-steps')
   target = 3.05

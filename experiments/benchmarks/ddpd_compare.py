@@ -101,6 +101,8 @@ def measure_planner(planner_dir: str, args) -> dict:
         seed=seed,
         scorer=scorer,
         light_run=denoiser if planned else None,
+        progress=lambda line: print(line, flush=True),
+        label=f'  seed {seed} T={steps} {arm}',
       )
       row = matched_sampling.row(points, target)
       out.setdefault(str(steps), {})[arm] = row

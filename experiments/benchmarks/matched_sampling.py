@@ -77,18 +77,23 @@ def sweep(
   scorer,
   light_run=None,
   scaled=(),
+  progress=None,
+  label: str = '',
 ) -> dict:
   """{temperature: draw} of sampler `name` with `params` over a sweep.
 
   With `scaled` (names of params) each sweep value multiplies those
   params instead of being the sampler's temperature: the sweep of a
   sampler that anneals its own temperatures (e.g. t_max and t_min).
+  `progress` (e.g. print) gets one line per point, starting with `label`:
+  a sweep at T = 1024 takes many minutes a point on a CPU.
   """
   same = scorer.tokenizer == run.data.tokenizer
   out = {}
-  for temperature in temperatures:
+  t0 = time.perf_counter()
+  for i, temperature in enumerate(temperatures, 1):
     sampler = build(name, params, temperature, scaled)
-    out[float(temperature)] = draw(
+    point = draw(
       run,
       sampler,
       num_samples=num_samples,
@@ -97,7 +102,22 @@ def sweep(
       same=same,
       light_run=light_run,
     )
+    out[float(temperature)] = point
+    if progress is not None:
+      progress(
+        point_line(label, temperature, i, len(temperatures), point)
+        + f', {time.perf_counter() - t0:.0f} s'
+      )
   return out
+
+
+def point_line(label: str, value: float, i: int, n: int, point: dict) -> str:
+  """One sweep point (value i of n) in bits and gen-ppl, for progress."""
+  return (
+    f'{label} sweep value {value:g} ({i}/{n}): entropy '
+    f'{point["entropy"] / math.log(2):.3f} bits, gen-ppl '
+    f'{math.exp(point["gen_nll"]):.2f}'
+  )
 
 
 def build(name: str, params: dict, temperature: float, scaled=()):
@@ -291,6 +311,8 @@ def measure_claim(
           scorer=scorer[0],
           light_run=load(light_dir) if light_dir else None,
           scaled=settings.get('scaled', ()),
+          progress=log,
+          label=f'    {sampling.name} seed {seed}',
         )
         saved = {
           **fields,
