@@ -271,23 +271,15 @@ _WORKER = textwrap.dedent(
 )
 
 
-def _run_worker(log_dir, **launch) -> tuple[list[str], list[dict]]:
-  """_WORKER in 2 processes x 2 devices (retried once on a busy host):
-  their output and the RESULT each printed."""
+def _run_program(program: str, log_dir, **launch) -> list[str]:
+  """Python `program` in 2 processes x 2 devices, retried once on a busy
+  host; their output."""
   for attempt in range(2):
     try:
-      outs = _launch(['-c', _WORKER], 2, 2, log_dir, **launch)
-      break
+      return _launch(['-c', program], 2, 2, log_dir, **launch)
     except _LaunchError as err:
       if attempt or not any(s in err.output for s in _HOST_TOO_BUSY):
         pytest.fail(str(err))
-  got = [
-    json.loads(line.split('RESULT ', 1)[1])
-    for out in outs
-    for line in out.splitlines()
-    if line.startswith('RESULT ')
-  ]
-  return outs, got
 
 
 @pytest.mark.slow
@@ -295,7 +287,12 @@ def test_two_processes_read_their_rows_of_the_one_process_batch(tmp_path):
   """jax.distributed from the env, gloo collectives, grain sharding: the
   global array the 2 processes assemble is the 1-process batch, row for
   row, and a jitted reduction over it spans both processes."""
-  _, got = _run_worker(tmp_path)
+  got = [
+    json.loads(line.split('RESULT ', 1)[1])
+    for out in _run_program(_WORKER, tmp_path)
+    for line in out.splitlines()
+    if line.startswith('RESULT ')
+  ]
   assert len(got) == 2 and got[0] == got[1]
   assert got[0]['n'] == 2 and got[0]['devices'] == 4
   stream = np.arange(997, dtype=np.int32)
@@ -350,7 +347,7 @@ def test_a_second_launch_over_a_warm_compilation_cache_finishes(tmp_path):
   )
   outs = []
   for _ in range(2):
-    outs += _launch(['-c', _REDUCE], 2, 2, tmp_path, env=env, timeout_s=240)
+    outs += _run_program(_REDUCE, tmp_path, env=env, timeout_s=240)
   # 2 x 8 ones from process 0 and 2 x 8 twos from process 1, doubled.
   assert [out.count('RESULT 96.0') for out in outs] == [1] * 4, outs
   hangs = cached_collectives_hang('cpu', jax.__version_info__)

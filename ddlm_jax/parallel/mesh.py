@@ -182,8 +182,8 @@ def initialize_distributed(**kwargs) -> bool:
 # jax/jaxlib 0.12.1 on CPU (gloo collectives): a multi-process program whose
 # executable is read back from the persistent compilation cache never
 # finishes its first collective; every process waits forever. A two-process
-# psum shows it with nothing of this project involved, on the second run
-# over the same cache directory; 0.10.x and 0.12.0.1 run it.
+# float sum shows it with nothing of this project involved, on the second
+# run over the same cache directory; 0.10.x and 0.12.0.1 run it.
 _CACHED_COLLECTIVES_HANG_FROM = (0, 12, 1)
 
 
