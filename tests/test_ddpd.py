@@ -276,6 +276,43 @@ def test_gumbel_top_k_draws_without_replacement_in_softmax_proportion():
   np.testing.assert_allclose(1 - two[:, :3].mean(0), out, atol=0.01)
 
 
+def _final_pass_only(p_noise_L, greedy, batch=4000):
+  """The final pass alone (T = 0) over a start of token 0 everywhere,
+  with fixed noise probabilities and a denoiser that gives token 3
+  probability 0.6 and the others 0.1 each."""
+  p_noise_L = jnp.asarray(p_noise_L)
+  length, vocab = p_noise_L.shape[0], 5
+  logit_L = jnp.log(p_noise_L) - jnp.log1p(-p_noise_L)
+  plan = lambda x, clean: jnp.broadcast_to(logit_L, x.shape)
+  probs_V = jnp.full((vocab,), 0.1).at[3].set(0.6)
+  denoise = lambda z, t: jnp.broadcast_to(jnp.log(probs_V), z.shape + (vocab,))
+  x = jnp.zeros((batch, length), jnp.int32)
+  todo = jnp.ones((batch, length), bool).at[:, -1].set(False)
+  out, nfe = planned_denoise(
+    plan, denoise, jax.random.key(0), x, todo, num_steps=0, mask_id=vocab,
+    final_greedy=greedy,
+  )  # fmt: skip
+  return np.asarray(out), np.asarray(nfe)
+
+
+def test_final_pass_fills_every_position_above_the_threshold():
+  """The paper's end of sampling: every generated position with noise
+  probability above 0.05 is filled, every one below keeps its token, and
+  the fill is the denoiser's argmax. Flags drawn as Bernoulli would fill
+  the 0.3 position three times in ten."""
+  p_noise = [0.01, 0.04, 0.06, 0.3, 0.9, 0.9]  # The last is a prompt.
+  out, nfe = _final_pass_only(p_noise, greedy=True)
+  np.testing.assert_array_equal(nfe, [1, 1])
+  assert np.all(out[:, :2] == 0)
+  assert np.all(out[:, 2:5] == 3)
+  assert np.all(out[:, 5] == 0)
+  drawn, _ = _final_pass_only(p_noise, greedy=False)
+  assert np.all(drawn[:, :2] == 0) and np.all(drawn[:, 5] == 0)
+  # Filled by draws: token 3 at 0.6, each other token at 0.1.
+  share_V = np.bincount(drawn[:, 2:5].ravel(), minlength=5) / drawn[:, 2:5].size
+  np.testing.assert_allclose(share_V, [0.1, 0.1, 0.1, 0.6, 0.1], atol=0.02)
+
+
 def test_an_uninformed_planner_does_not_sample_the_data():
   """The check can fail: a planner that knows nothing (logit 0 at every
   position) leaves noise behind, far from the data in total variation."""
@@ -338,6 +375,8 @@ def test_sampler_is_declared_for_the_planner_family_only():
                         length=4)  # fmt: skip
   with pytest.raises(ValueError, match='plan_temperature must be > 0'):
     DDPDSampler(plan_temperature=0.0)
+  with pytest.raises(ValueError, match='final_fill_prob must be in'):
+    DDPDSampler(final_fill_prob=1.0)
   process = PlannerProcess(vocab_size=7)
   planner = lambda z, t: jnp.zeros(z.shape + (1,))
   wrong = lambda z, t: jnp.zeros(z.shape + (9,))

@@ -21,6 +21,15 @@ def test_equal_nfe_counts_both_networks_and_the_final_pass():
   assert ('ancestral', 'ancestral', ancestral, False) in arms
 
 
+def test_saved_settings_resolve_the_samplers_defaults():
+  """A result saved before a sampler default changed is measured again:
+  the settings hold every field, not only the arm's own parameters."""
+  got = ddpd_compare.resolved('ddpd', {'num_steps': 32, 'parallel': True})
+  assert got['num_steps'] == 32 and got['parallel'] is True
+  assert got['final_fill_prob'] == 0.05 and got['final_greedy'] is True
+  assert got['temperature'] == 1.0
+
+
 def _result(seed, ddpd_ppl, base_ppl, ddpd_h=3.1, base_h=3.1):
   def row(ppl, h, nfe):
     return {

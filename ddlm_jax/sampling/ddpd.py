@@ -26,12 +26,23 @@ decrement of the masked count, scaled by the planner's noise estimate),
 with a linear schedule; with a perfect planner it reaches every noisy
 position in T steps, where one position per step needs T >= L.
 
-A final pass (`final_pass`) calls the planner once more, masks the
-positions it flags and fills all of them from one denoiser call. A
-position can be picked again after it was denoised: the planner can call
-any token noise, which is DDPD's self-correction. Every step calls both
-networks, so NFE = (T + 1, T + 1) (planner calls, denoiser calls) with
-the final pass; FLOPs add both networks' costs.
+A final pass (`final_pass`) calls the planner once more, masks every
+position whose noise probability exceeds `final_fill_prob` and fills all
+of them from one denoiser call, with its most likely token
+(`final_greedy`) or a draw. That is the paper's end of sampling (its
+text8 sampler: threshold 0.05, argmax), with two differences: the
+paper reads the noise probabilities and the denoiser's prediction from
+the last step's calls, where this pass calls both networks on the final
+state (a position that step changed is judged afresh), and the paper
+does not count the pass. A Bernoulli draw of the flags here, as in the
+steps, would leave a position the planner gives noise probability 0.3
+as uniform noise seven times in ten: a weak planner's samples then keep
+a floor of noise that no denoiser temperature removes.
+
+A position can be picked again after it was denoised: the planner can
+call any token noise, which is DDPD's self-correction. Every step calls
+both networks, so NFE = (T + 1, T + 1) (planner calls, denoiser calls)
+with the final pass; FLOPs add both networks' costs.
 
 `planned_denoise` is the loop as a pure function of a planner callable
 `plan(x_BxL, clean_BxL)`: `clean_BxL` marks the positions the loop has
@@ -74,6 +85,8 @@ def planned_denoise(
   filters: dict | None = None,
   final_pass: bool = True,
   parallel: bool = False,
+  final_fill_prob: float = 0.05,
+  final_greedy: bool = True,
 ):
   """Runs DDPD's loop on x (module docstring): (x_BxL, nfe_2).
 
@@ -90,6 +103,10 @@ def planned_denoise(
     final_pass: fill the positions still flagged after the T steps.
     parallel: denoise round(n_i / (T - i)) positions at step i (module
       docstring) instead of one.
+    final_fill_prob: the final pass fills the positions whose noise
+      probability exceeds it.
+    final_greedy: the final pass takes the denoiser's most likely token
+      (else a draw filtered like the steps').
 
   Returns:
     The tokens and NFE as int32 [2]: (planner calls, denoiser calls).
@@ -102,10 +119,12 @@ def planned_denoise(
     noise_BxL = jax.random.bernoulli(key, jax.nn.sigmoid(logits_BxL))
     return noise_BxL & todo_BxL
 
-  def draw(key, x_BxL, masked_BxL):
+  def draw(key, x_BxL, masked_BxL, greedy=False):
     z_BxL = jnp.where(masked_BxL, mask_id, x_BxL)
     t_B = masked_BxL.sum(-1).astype(jnp.float32) / length
     logp_BxLxV = denoise(z_BxL, t_B)
+    if greedy:
+      return jnp.argmax(logp_BxLxV, axis=-1)
     return sample_categorical(key, filter_logits(logp_BxLxV, **filters))
 
   def step(carry, i):
@@ -135,10 +154,10 @@ def planned_denoise(
   )
   calls = num_steps
   if final_pass:
-    flag_key, draw_key = jax.random.split(jax.random.fold_in(key, num_steps))
+    draw_key = jax.random.fold_in(key, num_steps)
     logits_BxL = plan(out_BxL, clean_BxL).astype(jnp.float32)
-    masked_BxL = flagged(flag_key, logits_BxL)
-    new_BxL = draw(draw_key, out_BxL, masked_BxL)
+    masked_BxL = (jax.nn.sigmoid(logits_BxL) > final_fill_prob) & todo_BxL
+    new_BxL = draw(draw_key, out_BxL, masked_BxL, greedy=final_greedy)
     out_BxL = jnp.where(masked_BxL, new_BxL.astype(out_BxL.dtype), out_BxL)
     calls += 1
   # A row with nothing to generate picks among -inf logits; its draw is
@@ -173,6 +192,10 @@ class DDPDSampler(Sampler):
       picks the position to denoise.
     final_pass: after the T steps, fill every position the planner still
       flags from one more call of each network.
+    final_fill_prob: the noise probability above which the final pass
+      fills a position (the paper's text8 sampler: 0.05).
+    final_greedy: the final pass takes the denoiser's most likely token,
+      as the paper's does; False draws it with the steps' filters.
     parallel: denoise round(n_i / (T - i)) positions per step, n_i the
       planner's noise estimate (the paper's few-step sampler); False
       denoises one position per step (its text8 and OpenWebText
@@ -187,6 +210,8 @@ class DDPDSampler(Sampler):
   plan_temperature: float = 1.0
   final_pass: bool = True
   parallel: bool = False
+  final_fill_prob: float = 0.05
+  final_greedy: bool = True
 
   def __post_init__(self):
     super().__post_init__()
@@ -196,7 +221,18 @@ class DDPDSampler(Sampler):
         f'plan_temperature must be > 0, got {self.plan_temperature}; for a '
         'near-greedy choice of position use a small value such as 1e-3.'
       )
-    self._set(final_pass=bool(self.final_pass), parallel=bool(self.parallel))
+    if not 0.0 <= float(self.final_fill_prob) < 1.0:
+      raise ValueError(
+        f'final_fill_prob must be in [0, 1), got {self.final_fill_prob}: the '
+        'final pass fills the positions whose noise probability exceeds it '
+        '(the paper uses 0.05; final_pass=False skips the pass).'
+      )
+    self._set(
+      final_pass=bool(self.final_pass),
+      parallel=bool(self.parallel),
+      final_fill_prob=float(self.final_fill_prob),
+      final_greedy=bool(self.final_greedy),
+    )
 
   def check_applies(self, process) -> None:
     # The planner is a process but not a diffusion one (no schedule, no
@@ -244,5 +280,7 @@ class DDPDSampler(Sampler):
       filters=self.filters,
       final_pass=self.final_pass,
       parallel=self.parallel,
+      final_fill_prob=self.final_fill_prob,
+      final_greedy=self.final_greedy,
     )
     return out_BxL.astype(z_BxL.dtype), nfe_2

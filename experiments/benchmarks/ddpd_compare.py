@@ -33,6 +33,7 @@ experiments/claims/ddpd.py) trains the runs and runs this once per seed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import time
@@ -62,6 +63,13 @@ def _arms_at(steps: int):
   return arms
 
 
+def resolved(name: str, params: dict) -> dict:
+  """Every field of the sampler that name and params build."""
+  from ddlm_jax.sampling import get_sampler
+
+  return dataclasses.asdict(get_sampler(name, **params))
+
+
 def measure_planner(planner_dir: str, args) -> dict:
   """Every arm at every T and temperature for one planner seed."""
   from ddlm_jax.evaluation.sample_metrics import ARScorer
@@ -70,9 +78,11 @@ def measure_planner(planner_dir: str, args) -> dict:
   planner = load_run(planner_dir)
   seed = int(planner.config.seed)
   settings = {k: getattr(args, k) for k in SETTINGS}
-  # The arms' sampler settings too: a changed sampler is measured again.
+  # The arms' sampler settings too, defaults resolved: a changed sampler
+  # (or a changed default) is measured again.
   settings['arms'] = {
-    str(t): [[a, n, p] for a, n, p, _ in _arms_at(t)] for t in args.steps
+    str(t): [[a, n, resolved(n, p)] for a, n, p, _ in _arms_at(t)]
+    for t in args.steps
   }
   saved = seed_results.path(args.out, seed)
   old = seed_results.load_matching(
