@@ -493,11 +493,14 @@ def measure_command(claim, seeds, budget, runs_dir, log=print) -> dict:
     )
     what += f' (in {os.path.relpath(runs_dir, ROOT)}/{budget}: {where})'
   setting = f'{m.describe([r for _, r in results])} ' if m.describe else ''
+  if loads:
+    load = f'1-minute load average before each process run here: {loads}'
+  else:
+    load = 'every result was reused from an earlier call'
   notes = (
     f'{setting}{what} of `{m.command(budget)}`, one after another, each '
     'writing '
-    f'{m.result_flag}=PATH under {os.path.relpath(out_dir, ROOT)}; 1-minute '
-    f'load average before each process run here: {loads}.'
+    f'{m.result_flag}=PATH under {os.path.relpath(out_dir, ROOT)}; {load}.'
   )
   first = next(iter(arms.values()))
   return {'arms': arms, 'notes': notes, 'seeds': first['seeds']}

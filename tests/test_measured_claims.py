@@ -178,6 +178,12 @@ def test_reproduce_times_fresh_processes_records_and_reuses_them(tmp_path):
   }
   assert again['arms']['cached']['values'] == values
   assert again['arms']['cached']['reused_seeds'] == [0, 1]
+  # The first call's notes give the load before each process it ran; the
+  # second ran none and says so.
+  assert 'load average before each process run here: [' in record['notes']
+  assert again['notes'].endswith(
+    'every result was reused from an earlier call.'
+  )
   with open(path) as f:
     assert json.load(f)['arms'] == record['arms']
 

@@ -51,7 +51,8 @@ def matched_arms(result: dict, steps: int, arms) -> dict[str, dict]:
 
 def matched_notes(results) -> str:
   """What the DDPD claims' gen-ppl was read at, from ddpd_compare's
-  result of every planner seed."""
+  result of every planner seed (the runs themselves are named by the
+  record's own notes, relative to the repository)."""
   first = results[0]
   settings = first['settings']
   return (
@@ -59,8 +60,7 @@ def matched_notes(results) -> str:
     f'({first["target_entropy_bits"]:.3f} bits), interpolated over the '
     f'denoiser temperatures {settings["temperatures"]} with '
     f'{settings["num_samples"]} samples per point; each baseline draws '
-    "with its planner seed's sampling seed. Planner runs: "
-    f'{", ".join(r["planner"] for r in results)}.'
+    "with its planner seed's sampling seed."
   )
 
 
