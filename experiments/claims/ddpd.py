@@ -101,9 +101,10 @@ def _beats(steps: int, baseline: str) -> Claim:
     measurement=_measurement(steps, baseline),
     command=f'python -m experiments.reproduce ddpd-beats-{baseline}-t{steps}',
     budget_fraction=_SCALE,
-    # The planners (~10 min each; the denoiser and scorer runs are shared),
-    # then 3 arms x 2 T x 5 temperatures x 64 samples per seed.
-    cost_minutes=90,
+    # Three MDLM runs, three planners and the AR scorer (~5 min each on
+    # 2 cores), then 3 arms x 2 T x 5 temperatures x 64 samples per seed
+    # (~10 min): 62 min for all four claims from nothing (2026-12-06).
+    cost_minutes=65,
   )
 
 
