@@ -139,6 +139,8 @@ CLAIMS = (
     command=f'{_REPRO} sm-bound-equal-steps-bpe',
     bound='full',
     budget_fraction=_FRACTION,
-    cost_minutes=60,
+    # Three BPE bases (~5 min each) and six 300-step continuations with
+    # the full bound: 27.5 min from nothing on 2 cores (2026-12-06).
+    cost_minutes=30,
   ),
 )
