@@ -85,7 +85,9 @@ def test_results_pair_planner_seeds_and_judge_the_four_claims(judge_results):
   assert record['arms']['ddpd']['entropy'] == [3.1, 3.1, 3.1]
   assert record['arms']['ddpd']['nfe'] == [66] * 3
   assert '(3.100 bits)' in record['notes']
-  assert 'runs/p0, runs/p1, runs/p2' in record['notes']
+  # The planner paths a result holds are the measuring machine's; the
+  # record names its runs itself, relative to the repository.
+  assert 'runs/p0' not in record['notes']
 
 
 def test_bad_arguments_are_refused_before_loading(tmp_path):
