@@ -162,7 +162,7 @@ def draw_samples(
     flops = sum(cost.sampling_flops(n, flops_per_call) for n in nfes)
   stats.update(
     sampler=name,
-    sampler_params=_params_of(sampler),
+    sampler_params=params_of(sampler),
     steps=int(steps),
     num_samples=total,
     batch=num_samples,
@@ -181,7 +181,8 @@ def draw_samples(
   return tokens, stats
 
 
-def _params_of(sampler) -> dict:
+def params_of(sampler) -> dict:
+  """Every field of a sampler, defaults included ({} for None)."""
   if sampler is None:
     return {}
   import dataclasses

@@ -33,7 +33,6 @@ experiments/claims/ddpd.py) trains the runs and runs this once per seed.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
 import time
@@ -65,9 +64,10 @@ def _arms_at(steps: int):
 
 def resolved(name: str, params: dict) -> dict:
   """Every field of the sampler that name and params build."""
+  from ddlm_jax.evaluation.sample_run import params_of
   from ddlm_jax.sampling import get_sampler
 
-  return dataclasses.asdict(get_sampler(name, **params))
+  return params_of(get_sampler(name, **params))
 
 
 def measure_planner(planner_dir: str, args) -> dict:
