@@ -88,6 +88,15 @@ def test_results_pair_planner_seeds_and_judge_the_four_claims(judge_results):
   # The planner paths a result holds are the measuring machine's; the
   # record names its runs itself, relative to the repository.
   assert 'runs/p0' not in record['notes']
+  assert 'past their end' not in record['notes']
+  # A sweep taken past its end is named with the values it was drawn at.
+  better[1]['steps']['32']['ddpd']['extended'] = [1.5, 1.875]
+  record, _ = judge_results(
+    'ddpd-beats-ancestral-t32', [(r['seed'], r) for r in better]
+  )
+  assert record['notes'].endswith(
+    'past their end to reach the target: ddpd seed 1 T = 32 at 1.5, 1.88.'
+  )
 
 
 def test_bad_arguments_are_refused_before_loading(tmp_path):
@@ -98,6 +107,7 @@ def test_bad_arguments_are_refused_before_loading(tmp_path):
     (['--steps=0'], 'positive'),
     (['--temperatures=1.0'], 'at least two'),
     (['--num_samples=1'], 'at least 2'),
+    (['--extend_points=-1'], '0 (no extension)'),
     ([], 'not a trained run'),
   ):
     with pytest.raises(SystemExit) as err:
@@ -124,6 +134,7 @@ def test_smoke_compare_draws_every_arm_at_equal_nfe(smoke_mdlm_run, tmp_path):
   argv = [
     f'--planner={planner}', f'--denoiser={denoiser}', f'--scorer={scorer}',
     '--steps=4', '--temperatures=0.9,1.1', '--num_samples=2', f'--out={out}',
+    '--extend_points=1',
   ]  # fmt: skip
   (result,) = ddpd_compare.main(argv)
   arms = result['steps']['4']
@@ -132,6 +143,12 @@ def test_smoke_compare_draws_every_arm_at_equal_nfe(smoke_mdlm_run, tmp_path):
     assert arms[name]['nfe'] <= ddpd_compare.baseline_steps(4)
     assert arms[name]['flops_per_sample'] > 0
   assert all(math.isfinite(a['gen_ppl']) for a in arms.values())
+  # A sweep short of the target took at most one value past its end.
+  for arm in arms.values():
+    assert len(arm['sweep']) == 2 + len(arm['extended'])
+    assert len(arm['extended']) <= 1
+    for t in arm['extended']:
+      assert t in (pytest.approx(1.1 * 1.25), pytest.approx(0.9 / 1.25))
   # The notes of the claims' records read the same result, and name no
   # path of this machine (the record names its runs relative to the
   # repository).

@@ -338,3 +338,118 @@ def test_settings_with_nested_params_match_after_a_save(tmp_path):
   assert ms.result_dir('o', 'k', ms.settings_of(canvas, 'cpu')) != (
     ms.result_dir('o', 'k', ms.settings_of(unscaled, 'cpu'))
   )
+
+
+def _entropy_points(entropy_of, temps):
+  return {
+    float(t): {
+      'entropy': entropy_of(t),
+      'gen_nll': 2.0 * entropy_of(t),
+      'nfe': 8.0,
+      'flops_per_sample': 1e6,
+    }
+    for t in temps
+  }
+
+
+def test_a_sweep_short_of_the_target_goes_on_past_its_end():
+  base = (0.9, 1.0, 1.15)
+  points = _entropy_points(lambda t: 3.0 + t, base)  # 3.9 .. 4.15
+  assert ms.next_value(points, 4.0, base) is None  # Inside: nothing to add.
+  # Too little entropy: hotter, a factor past the hottest value, then from
+  # the value added, at most EXTEND_POINTS past the sweep's end.
+  hot = ms.next_value(points, 4.6, base)
+  assert hot == pytest.approx(1.15 * ms.EXTEND_FACTOR)
+  drawn = ms.extend(
+    points, 9.0, base, lambda ts: _entropy_points(lambda t: 3.0 + t, ts)
+  )
+  assert len(drawn) == ms.EXTEND_POINTS
+  assert drawn == pytest.approx(
+    [1.15 * ms.EXTEND_FACTOR**k for k in range(1, ms.EXTEND_POINTS + 1)]
+  )
+  assert ms.next_value(points, 9.0, base) is None
+  # Too much entropy: colder, below the coldest value.
+  points = _entropy_points(lambda t: 3.0 + t, base)
+  assert ms.next_value(points, 3.5, base) == pytest.approx(0.9 / 1.25)
+  # A sampler whose entropy does not follow its temperature is drawn once
+  # past the end and then left (its record shows the mismatch).
+  flat = _entropy_points(lambda t: 4.0 + 0.01 * min(t, 1.15), base)
+  drawn = ms.extend(
+    flat,
+    5.0,
+    base,
+    lambda ts: _entropy_points(lambda t: 4.0 + 0.01 * min(t, 1.15), ts),
+  )
+  assert len(drawn) == 1
+  # The limit holds whatever next_value would ask.
+  points = _entropy_points(lambda t: 3.0 + t, base)
+  assert ms.extend(points, 9.0, base, lambda ts: 1 / 0, limit=0) == []
+
+
+def test_a_claim_sweep_short_of_the_target_is_extended_once(
+  tmp_path, monkeypatch
+):
+  """measure_claim reads a saved sweep that ends below the target, draws
+  the values past its end (saved with it), reads the gen-NLL at the target
+  and names the extension in the notes; a second call draws nothing and
+  writes the same notes."""
+  from ddlm_jax.evaluation import sample_metrics
+  from ddlm_jax.tasks import language_model
+
+  claim = registry.get('loo-conversion')
+  seeds = (0,)
+  entropy_of = lambda t: 2.0 + t  # noqa: E731
+  calls = []
+
+  def fake_sweep(run, name, params, temperatures, **kw):
+    calls.append(list(temperatures))
+    return _entropy_points(entropy_of, temperatures)
+
+  monkeypatch.setattr(ms, 'sweep', fake_sweep)
+  monkeypatch.setattr(language_model, 'load_run', lambda workdir: workdir)
+  monkeypatch.setattr(
+    sample_metrics.ARScorer, 'from_run', classmethod(lambda cls, run: run)
+  )
+  runs = {'udlm': {0: (str(tmp_path / 'run'), 'udlm-key')}}
+  scorer = (str(tmp_path / 'ar'), 'ar-key/s0')
+  out = str(tmp_path / 'samples')
+  target = 2.0 + 1.6  # Past the hottest value (1.5), before 1.5 * 1.25.
+  for sampling in claim.samplings:
+    settings = ms.settings_of(sampling, 'cpu')
+    assert entropy_of(max(settings['temperatures'])) < target
+    file = ms.seed_results.path(ms.result_dir(out, 'udlm-key', settings), 0)
+    ms.seed_results.save(
+      file,
+      {
+        'settings': settings,
+        'run': 'udlm-key/s0',
+        'scorer': 'ar-key/s0',
+        'target_entropy_nats': target,
+        'sweep': {
+          str(t): v
+          for t, v in _entropy_points(
+            entropy_of, settings['temperatures']
+          ).items()
+        },
+      },
+    )
+  got = ms.measure_claim(
+    claim, seeds, runs, scorer, out, budget='cpu', log=lambda _: None
+  )
+  assert calls and all(len(c) == 1 for c in calls)  # One value per draw.
+  for name, arm in got['arms'].items():
+    # Read at the target, where gen-NLL = 2 * entropy exactly.
+    assert arm['entropy'][0] == pytest.approx(target / LN2)
+    assert arm['values'][0] == pytest.approx(math.exp(2.0 * target))
+    assert got['rows'][name][0]['extended']
+  hottest = max(ms.settings_of(claim.samplings[0], 'cpu')['temperatures'])
+  text = ms.notes(claim, got, 'cpu')
+  assert 'past their end' in text
+  assert f'seed 0 at {hottest * ms.EXTEND_FACTOR:.3g}' in text
+  drawn = len(calls)
+  again = ms.measure_claim(
+    claim, seeds, runs, scorer, out, budget='cpu', log=lambda _: None
+  )
+  assert len(calls) == drawn  # The extension was saved with the sweep.
+  assert again['arms'] == got['arms']
+  assert ms.notes(claim, again, 'cpu') == text  # Named when reused too.

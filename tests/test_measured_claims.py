@@ -485,6 +485,7 @@ def test_a_benchmark_value_may_carry_the_entropy_a_rule_checks(
       json.dump({
         'steps': {'32': rows, '64': rows},
         'planner': flags['planner'],
+        'seed': seed,
         'target_entropy_bits': 4.4,
         'settings': {'temperatures': [0.9, 1.0], 'num_samples': 8},
       }, f)  # fmt: skip

@@ -4,7 +4,8 @@
     --planner=runs/ddpd_planner_0 --planner=runs/ddpd_planner_1 \
     --planner=runs/ddpd_planner_2 --denoiser=runs/mdlm_quickstart \
     --scorer=runs/ar_quickstart [--steps=32,64] \
-    [--temperatures=0.8,0.9,1.0,1.15,1.3] [--num_samples=64]
+    [--temperatures=0.8,0.9,1.0,1.15,1.3] [--num_samples=64] \
+    [--extend_points=3]
 
 Each --planner is one training seed of the DDPD planner (its seed is read
 from the run's config); every DDPD sample pairs it with the one MDLM
@@ -20,9 +21,10 @@ Quality is the AR twin's corpus gen-ppl at matched entropy
 (`matched_sampling`): every arm is swept over --temperatures (the
 denoiser's draws; the planner's position choice keeps temperature 1),
 and its gen-NLL is interpolated at the unigram entropy of the validation
-text. Where a sweep does not reach that entropy the nearest point is
-used and its entropy recorded, so the verdict can see the mismatch. FLOPs per
-sample (both of DDPD's networks) are in the results.
+text. A sweep that does not reach that entropy goes on past its end
+(`matched_sampling.extend`); where it still does not, the nearest point
+is used and its entropy recorded, so the verdict can see the mismatch.
+FLOPs per sample (both of DDPD's networks) are in the results.
 
 Per seed the result is saved as OUT/sS/result.json with its settings
 and reused by a later identical call. `python -m experiments.reproduce
@@ -33,6 +35,7 @@ experiments/claims/ddpd.py) trains the runs and runs this once per seed.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import time
@@ -43,7 +46,14 @@ BASELINES = {
   'ancestral': ('ancestral', {'use_cache': False}),
   'confidence': ('confidence', {}),
 }
-SETTINGS = ('denoiser', 'scorer', 'steps', 'temperatures', 'num_samples')
+SETTINGS = (
+  'denoiser',
+  'scorer',
+  'steps',
+  'temperatures',
+  'num_samples',
+  'extend_points',
+)
 
 
 def baseline_steps(ddpd_steps: int) -> int:
@@ -102,11 +112,11 @@ def measure_planner(planner_dir: str, args) -> dict:
   out = {}
   for steps in args.steps:
     for arm, name, params, planned in _arms_at(steps):
-      points = matched_sampling.sweep(
+      draw_at = functools.partial(
+        matched_sampling.sweep,
         planner if planned else denoiser,
         name,
         params,
-        args.temperatures,
         num_samples=args.num_samples,
         seed=seed,
         scorer=scorer,
@@ -114,7 +124,11 @@ def measure_planner(planner_dir: str, args) -> dict:
         progress=lambda line: print(line, flush=True),
         label=f'  seed {seed} T={steps} {arm}',
       )
-      row = matched_sampling.row(points, target)
+      points = draw_at(args.temperatures)
+      past = matched_sampling.extend(
+        points, target, args.temperatures, draw_at, limit=args.extend_points
+      )
+      row = {**matched_sampling.row(points, target), 'extended': past}
       out.setdefault(str(steps), {})[arm] = row
       label = f'seed {seed} T={steps} {arm}'
       print(matched_sampling.describe(label, row, target), flush=True)
@@ -138,6 +152,13 @@ def make_parser() -> argparse.ArgumentParser:
   p.add_argument('--steps', default='32,64')
   p.add_argument('--temperatures', default='0.8,0.9,1.0,1.15,1.3')
   p.add_argument('--num_samples', type=int, default=64)
+  p.add_argument(
+    '--extend_points',
+    type=int,
+    default=matched_sampling.EXTEND_POINTS,
+    help='at most this many temperatures past each end of a sweep that '
+    'does not reach the target entropy (0: none)',
+  )
   p.add_argument('--out', default=os.path.join('runs', 'ddpd_compare'))
   return p
 
@@ -157,6 +178,10 @@ def check_args(args) -> None:
     )
   if args.num_samples < 2:
     raise SystemExit(f'--num_samples={args.num_samples}: give at least 2')
+  if args.extend_points < 0:
+    raise SystemExit(
+      f'--extend_points={args.extend_points}: give 0 (no extension) or more'
+    )
   for path in [*args.planner, args.denoiser, args.scorer]:
     if not os.path.exists(os.path.join(path, 'config.json')):
       raise SystemExit(

@@ -4,10 +4,14 @@ an AR twin and read at the unigram entropy of the validation text.
 Lower sample entropy alone lowers generative perplexity, so two samplers
 are compared where their samples have the entropy of real text: each is
 drawn at every temperature of a sweep, and its corpus gen-NLL is
-interpolated in entropy at that target (`frontier.matched_value`). Where
-a sweep does not reach the target the nearest point is used and its
-entropy recorded, so a verdict (`Compare(..., entropy_tol=...)`) sees
-the mismatch instead of a target that was never reached.
+interpolated in entropy at that target (`frontier.matched_value`). A
+claim's sweep that does not reach the target goes on past its end
+(`next_value`: hotter when the samples hold too little entropy, colder
+when too much) while each new value moves the entropy toward the target,
+a few values at most. Where the sweep still does not reach it the nearest
+point is used and its entropy recorded, so a verdict (`Compare(...,
+entropy_tol=...)`) sees the mismatch instead of a target that was never
+reached.
 
 The pieces (`target_entropy`, `draw`, `sweep`, `matched`, `row`) serve
 `experiments.benchmarks.ddpd_compare` and `experiments.reproduce`, whose
@@ -19,6 +23,7 @@ sampling seed S, and each (arm, seed) sweep is saved under OUT (see
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -36,6 +41,11 @@ from experiments.claims import records
 TARGET_WINDOWS = 64
 # The smoke budget tests the machinery: few samples, the sweep's two ends.
 SMOKE_SAMPLES = 4
+# A sweep short of the target goes on past its end by this factor per
+# value (1.3 -> 1.625 -> 2.03 -> 2.54; 0.8 -> 0.64 -> ...), at most
+# EXTEND_POINTS values a side.
+EXTEND_FACTOR = 1.25
+EXTEND_POINTS = 3
 
 
 def target_entropy(run, windows: int = TARGET_WINDOWS) -> float:
@@ -150,6 +160,49 @@ def matched(points: dict, target: float) -> dict:
     'gen_ppl': math.exp(value),
     'entropy_bits': entropy / math.log(2),
   }
+
+
+def next_value(points: dict, target: float, base) -> float | None:
+  """The sweep value to draw next so the sweep reaches `target`, or None.
+
+  `points` maps sweep value -> {'entropy', ...} (nats), `base` holds the
+  sweep's own values. Below the target's entropy the next value is the
+  hottest one times EXTEND_FACTOR, above it the coldest one over it.
+  None once the target lies inside the swept entropies, after
+  EXTEND_POINTS values past that end of `base`, or when the last value
+  past the end did not move the entropy toward the target: a sampler
+  whose entropy does not follow its temperature is not chased further.
+  """
+  by_temp = {float(t): v['entropy'] for t, v in points.items()}
+  temps = sorted(by_temp)
+  entropies = list(by_temp.values())
+  if min(entropies) <= target <= max(entropies):
+    return None
+  hotter = target > max(entropies)
+  edge = max(base) if hotter else min(base)
+  past = [t for t in temps if (t > edge if hotter else t < edge)]
+  if len(past) >= EXTEND_POINTS:
+    return None
+  end, inner = (temps[-1], temps[-2]) if hotter else (temps[0], temps[1])
+  if past:
+    gain = by_temp[end] - by_temp[inner]
+    if (gain <= 0) if hotter else (gain >= 0):
+      return None
+  return end * EXTEND_FACTOR if hotter else end / EXTEND_FACTOR
+
+
+def extend(points: dict, target: float, base, draw_at, limit=EXTEND_POINTS):
+  """Adds to `points` the values `next_value` asks for, each drawn by
+  `draw_at([value])` (a {value: point} dict, as `sweep` returns), at most
+  `limit` of them; returns the values drawn."""
+  drawn = []
+  while len(drawn) < limit:
+    value = next_value(points, target, base)
+    if value is None:
+      break
+    points.update(draw_at([value]))
+    drawn.append(value)
+  return drawn
 
 
 def row(points: dict, target: float) -> dict:
@@ -278,6 +331,24 @@ def measure_claim(
     return loaded[workdir]
 
   scorer = []  # Loaded on the first sweep that is not saved.
+
+  def draw_sweep(name, settings, workdir, light_dir, seed, temperatures):
+    if not scorer:
+      scorer.append(ARScorer.from_run(load(scorer_run[0])))
+    return sweep(
+      load(workdir),
+      settings['sampler'],
+      settings['params'],
+      temperatures,
+      num_samples=settings['num_samples'],
+      seed=seed,
+      scorer=scorer[0],
+      light_run=load(light_dir) if light_dir else None,
+      scaled=settings.get('scaled', ()),
+      progress=log,
+      label=f'    {name} seed {seed}',
+    )
+
   rows: dict[str, list[dict]] = {s.name: [] for s in claim.samplings}
   targets = []
   for seed in seeds:
@@ -295,29 +366,17 @@ def measure_claim(
       if sampling.light:
         light_dir, light_key = runs[sampling.light][seed]
         fields['light'] = f'{light_key}/s{seed}'
+      draw_at = functools.partial(
+        draw_sweep, sampling.name, settings, workdir, light_dir, seed
+      )
       saved = seed_results.load_matching(file, **fields)
       if saved is None:
-        run = load(workdir)
-        if not scorer:
-          scorer.append(ARScorer.from_run(load(scorer_run[0])))
         t0 = time.perf_counter()
-        points = sweep(
-          run,
-          settings['sampler'],
-          settings['params'],
-          settings['temperatures'],
-          num_samples=settings['num_samples'],
-          seed=seed,
-          scorer=scorer[0],
-          light_run=load(light_dir) if light_dir else None,
-          scaled=settings.get('scaled', ()),
-          progress=log,
-          label=f'    {sampling.name} seed {seed}',
-        )
+        points = draw_at(settings['temperatures'])
         saved = {
           **fields,
           'seed': seed,
-          'target_entropy_nats': target_entropy(run),
+          'target_entropy_nats': target_entropy(load(workdir)),
           'sweep': {str(t): v for t, v in points.items()},
           'seconds': time.perf_counter() - t0,
         }
@@ -325,7 +384,13 @@ def measure_claim(
       if target is None:
         target = saved['target_entropy_nats']
       points = {float(t): v for t, v in saved['sweep'].items()}
-      result = row(points, target)
+      base = settings['temperatures']
+      limit = 0 if budget == 'smoke' else EXTEND_POINTS
+      if extend(points, target, base, draw_at, limit=limit):
+        saved['sweep'] = {str(t): v for t, v in points.items()}
+        seed_results.save(file, saved)
+      past = sorted(t for t in points if not min(base) <= t <= max(base))
+      result = {**row(points, target), 'extended': past}
       rows[sampling.name].append(result)
       log('  ' + describe(f'{sampling.name} seed {seed}', result, target))
     targets.append(target / math.log(2))
@@ -333,6 +398,7 @@ def measure_claim(
     'arms': {name: arm_entry(r, seeds) for name, r in rows.items()},
     'target_entropy_bits': targets,
     'rows': rows,
+    'seeds': list(seeds),
   }
 
 
@@ -345,10 +411,30 @@ def notes(claim, measured: dict, budget: str) -> str:
   )
   first = settings_of(claim.samplings[0], budget)
   targets = ', '.join(f'{h:.3f}' for h in measured['target_entropy_bits'])
-  return (
+  text = (
     'Training seed S samples its own runs with sampling seed S; AR-twin '
     "corpus gen-ppl at the validation text's unigram entropy "
     f'({targets} bits by seed), interpolated over temperatures '
     f'{first["temperatures"]}, {first["num_samples"]} samples per point '
     f'(the scorer is one AR run, seed 0). Arms: {arms}.'
+  )
+  return text + extension_note(
+    (f'{name} seed {seed}', r)
+    for name, rows in measured['rows'].items()
+    for seed, r in zip(measured['seeds'], rows)
+  )
+
+
+def extension_note(labelled_rows) -> str:
+  """' Sweeps taken past their end ...: LABEL at VALUES; ...' for the
+  (label, row) pairs whose sweep went past its end, else ''."""
+  parts = [
+    f'{label} at {", ".join(f"{t:.3g}" for t in row["extended"])}'
+    for label, row in labelled_rows
+    if row.get('extended')
+  ]
+  if not parts:
+    return ''
+  return ' Sweeps taken past their end to reach the target: ' + (
+    '; '.join(parts) + '.'
   )

@@ -53,6 +53,8 @@ def matched_notes(results) -> str:
   """What the DDPD claims' gen-ppl was read at, from ddpd_compare's
   result of every planner seed (the runs themselves are named by the
   record's own notes, relative to the repository)."""
+  from experiments.benchmarks.matched_sampling import extension_note
+
   first = results[0]
   settings = first['settings']
   return (
@@ -61,6 +63,11 @@ def matched_notes(results) -> str:
     f'denoiser temperatures {settings["temperatures"]} with '
     f'{settings["num_samples"]} samples per point; each baseline draws '
     "with its planner seed's sampling seed."
+  ) + extension_note(
+    (f'{arm} seed {result["seed"]} T = {steps}', row)
+    for result in results
+    for steps, rows in result['steps'].items()
+    for arm, row in rows.items()
   )
 
 
@@ -76,6 +83,7 @@ def _measurement(steps: int, baseline: str) -> Measurement:
     per_seed=True,
     smoke_args=(
       *_RUNS, '--steps=32,64', '--temperatures=0.9,1.0', '--num_samples=2',
+      '--extend_points=0',
     ),
     describe=matched_notes,
   )  # fmt: skip
