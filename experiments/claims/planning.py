@@ -55,10 +55,10 @@ _VARIANTS = {
   'countdown': 'latent,text,cot',
 }
 
-# Minutes for one task's three seeds from nothing on 2 CPU cores: measured
-# for arithmetic (45) and Countdown (6, small stages); Sudoku and paths
-# keep the first estimate until a start from nothing times them.
-_SWEEP_MINUTES = {'arithmetic': 50, 'sudoku4': 90, 'paths': 90, 'countdown': 10}
+# Minutes for one task's three seeds from nothing on 2 CPU cores, measured
+# 2026-12-06: arithmetic 45 (9000-step planner), Sudoku 10, paths 8,
+# Countdown 6 (1000-step stages).
+_SWEEP_MINUTES = {'arithmetic': 50, 'sudoku4': 12, 'paths': 10, 'countdown': 10}
 
 
 def _sweep(task: str, value) -> Measurement:
