@@ -125,10 +125,10 @@ def measure_planner(planner_dir: str, args) -> dict:
         label=f'  seed {seed} T={steps} {arm}',
       )
       points = draw_at(args.temperatures)
-      past = matched_sampling.extend(
+      matched_sampling.extend(
         points, target, args.temperatures, draw_at, limit=args.extend_points
       )
-      row = {**matched_sampling.row(points, target), 'extended': past}
+      row = matched_sampling.row(points, target, args.temperatures)
       out.setdefault(str(steps), {})[arm] = row
       label = f'seed {seed} T={steps} {arm}'
       print(matched_sampling.describe(label, row, target), flush=True)

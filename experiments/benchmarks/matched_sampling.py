@@ -205,13 +205,16 @@ def extend(points: dict, target: float, base, draw_at, limit=EXTEND_POINTS):
   return drawn
 
 
-def row(points: dict, target: float) -> dict:
-  """A sweep with its NFE, FLOPs and matched values (one arm, one seed)."""
+def row(points: dict, target: float, base=()) -> dict:
+  """A sweep with its NFE, FLOPs and matched values (one arm, one seed);
+  'extended' lists its values past the ends of `base`, the sweep's own."""
   first = points[next(iter(points))]
+  lo, hi = (min(base), max(base)) if base else (-math.inf, math.inf)
   return {
     'sweep': {str(t): v for t, v in points.items()},
     'nfe': first['nfe'],
     'flops_per_sample': first['flops_per_sample'],
+    'extended': sorted(float(t) for t in points if not lo <= float(t) <= hi),
     **matched(points, target),
   }
 
@@ -389,8 +392,7 @@ def measure_claim(
       if extend(points, target, base, draw_at, limit=limit):
         saved['sweep'] = {str(t): v for t, v in points.items()}
         seed_results.save(file, saved)
-      past = sorted(t for t in points if not min(base) <= t <= max(base))
-      result = {**row(points, target), 'extended': past}
+      result = row(points, target, base)
       rows[sampling.name].append(result)
       log('  ' + describe(f'{sampling.name} seed {seed}', result, target))
     targets.append(target / math.log(2))
