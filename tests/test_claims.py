@@ -675,6 +675,14 @@ def test_results_doc_is_generated_from_the_records():
   assert 'reproduce md4-text8 --budget paper`' in committed
 
 
+def test_rerun_line_names_the_claims_or_says_there_are_none():
+  from experiments import results_doc
+
+  assert results_doc.rerun_text(['a', 'b']) == '`a`, `b`.'
+  empty = results_doc.rerun_text([])
+  assert empty.startswith('None:') and '`' in empty
+
+
 # The reproduce command ------------------------------------------------------
 
 
