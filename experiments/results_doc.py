@@ -264,8 +264,8 @@ def rerun_text(claim_ids) -> str:
   is empty rather than leaving a bare full stop."""
   if not claim_ids:
     return (
-      'None: every other record is reproduced, made by `reproduce`, or a '
-      'miss on 3 training seeds.'
+      'None: apart from the accelerator runs above, every record is '
+      'reproduced, made by `reproduce`, or a miss on 3 training seeds.'
     )
   return ', '.join(f'`{x}`' for x in claim_ids) + '.'
 
