@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -244,6 +245,17 @@ def test_jax_abort_report_becomes_the_one_line(report, lost):
   assert ('coordinator' in line) == (lost == 0)
 
 
+def test_process_0_never_names_itself_lost():
+  """Process 0 hosts the service; its JAX blaming the coordination service
+  (a shutdown barrier a dead peer never reached) names an unknown peer."""
+  from ddlm_jax.parallel import stderr_guard
+
+  filt = stderr_guard.Filter(2, process_id=0)
+  out = ''.join(filt.feed(x) for x in _COORDINATOR_REPORT.splitlines(True))
+  assert out.startswith('error: lost process ? of 2:'), out
+  assert 'coordinator' not in out
+
+
 def test_the_runs_own_lost_line_ends_the_output():
   from ddlm_jax.parallel import stderr_guard
 
@@ -356,9 +368,64 @@ def test_the_watchdog_names_a_peer_that_stops_beating(monkeypatch):
     store.key_value_set('ddlm_jax/alive/1', str(beat), allow_overwrite=True)
     time.sleep(0.2)
   assert lost == [] and store.data['ddlm_jax/alive/0'] != '0'
-  assert dog.peers_answered_since(time.monotonic() - 0.5)
   dog.join(timeout=10)  # Then silent: lost after the 1 s timeout.
   assert lost == [1]
+
+
+def test_moved_needs_a_beat_after_the_read_or_done():
+  from ddlm_jax.parallel.liveness import moved
+
+  before = {1: '5', 2: None}
+  assert not moved(before, {1: '5', 2: '1'})
+  assert not moved(before, {1: '4', 2: '1'})  # An older value: no beat.
+  assert moved(before, {1: '6', 2: '1'})
+  assert moved(before, {1: 'done', 2: '0'})
+  assert not moved({1: '5'}, {})
+
+
+def _settled(monkeypatch, store, beating):
+  """liveness.settle() with process 1's last beat written just before it
+  (the watchdog has not read it yet); `beating`: process 1 beats on."""
+  from ddlm_jax.parallel import liveness
+
+  dog, lost = _dog(store, monkeypatch)
+  store.key_value_set('ddlm_jax/alive/1', '4', allow_overwrite=True)
+  dog.start()
+  time.sleep(0.3)  # The watchdog has read '4'.
+  store.key_value_set('ddlm_jax/alive/1', '5', allow_overwrite=True)
+  stop = threading.Event()
+
+  def beat():
+    n = 5
+    while beating and not stop.wait(0.1):
+      n += 1
+      store.key_value_set('ddlm_jax/alive/1', str(n), allow_overwrite=True)
+
+  peer = threading.Thread(target=beat, daemon=True)
+  peer.start()
+  monkeypatch.setattr(liveness, '_active', dog)
+  t0 = time.monotonic()
+  liveness.settle()
+  took = time.monotonic() - t0
+  stop.set()
+  dog.stop()
+  dog.join(timeout=10)
+  return lost, took
+
+
+def test_settle_waits_for_the_watchdog_when_the_peer_fell_silent(
+  monkeypatch,
+):
+  """A peer killed mid-collective fails this process's step at once; the
+  watchdog may read its last beat only after that. settle() must still
+  wait until the watchdog names it, not take that beat for a live peer."""
+  lost, took = _settled(monkeypatch, _Store(), beating=False)
+  assert lost == [1] and took >= 1.0  # The 1 s timeout passed first.
+
+
+def test_settle_returns_once_a_live_peer_beats_again(monkeypatch):
+  lost, took = _settled(monkeypatch, _Store(), beating=True)
+  assert lost == [] and took < 1.0
 
 
 def test_a_finished_peer_is_never_lost(monkeypatch):

@@ -78,7 +78,6 @@ class Watchdog(threading.Thread):
     self.last = {
       p: (None, now) for p in range(num_processes) if p != process_id
     }
-    self.lock = threading.Lock()
 
   def run(self) -> None:
     beat, failing_since = 0, None
@@ -100,10 +99,9 @@ class Watchdog(threading.Thread):
           self.lose(0, self.timeout_s)
         continue
       values = {p: entries.get(_key(p)) for p in self.last}
-      with self.lock:
-        self.last, lost = stale(
-          self.last, values, time.monotonic(), self.timeout_s
-        )
+      self.last, lost = stale(
+        self.last, values, time.monotonic(), self.timeout_s
+      )
       if lost is not None and not self.stopped.is_set():
         self.lose(lost, self.timeout_s)
 
@@ -113,12 +111,14 @@ class Watchdog(threading.Thread):
     print(line, file=sys.stderr, flush=True)
     exit_now(LOST_PROCESS)
 
-  def peers_answered_since(self, t0: float) -> bool:
-    """Whether every other process beat (or finished) after time t0."""
-    with self.lock:
-      return all(
-        value == _DONE or since > t0 for value, since in self.last.values()
-      )
+  def counters(self) -> dict[int, str | None] | None:
+    """Every other process's counter as the store holds it now (None
+    where the store cannot be read)."""
+    try:
+      entries = dict(self.client.key_value_dir_get(_PREFIX))
+    except Exception:  # noqa: BLE001 - the service may be gone.
+      return None
+    return {p: entries.get(_key(p)) for p in self.last}
 
   def stop(self) -> None:
     """Marks this process done, so the others do not count it lost."""
@@ -200,21 +200,41 @@ def start(
   return _active
 
 
-def settle(t0: float | None = None) -> None:
+def _count(value: str | None) -> int:
+  return -1 if value is None or value == _DONE else int(value)
+
+
+def moved(before: dict[int, str | None], now: dict[int, str | None]) -> bool:
+  """Whether every process in `before` beat after it was read (its counter
+  grew) or finished since."""
+  return all(
+    now.get(p) == _DONE or _count(now.get(p)) > _count(seen)
+    for p, seen in before.items()
+  )
+
+
+def settle() -> None:
   """Before a multi-process run reports its own error: lets the watchdog
   decide first whether a lost process caused it (then this process ends
   here, with the lost-process line), waiting at most its timeout.
 
   A peer dying mid-collective can fail this process's step at once, long
   before the peer counts as lost; its error would then be misleading.
-  Returns at once on one process, or once every peer has beaten since t0.
+  Returns at once on one process, or once every peer's counter in the
+  store has grown past the value read here: a beat written after the
+  error. (The watchdog's own table cannot tell that: it may first see a
+  dead peer's last beat a moment after the error.)
   """
   dog = _active
   if dog is None or not dog.is_alive():
     return
-  t0 = time.monotonic() if t0 is None else t0
-  deadline = t0 + dog.timeout_s + 3 * dog.beat_s
+  deadline = time.monotonic() + dog.timeout_s + 3 * dog.beat_s
+  before = dog.counters()
   while time.monotonic() < deadline and dog.is_alive():
-    if dog.peers_answered_since(t0):
-      return
     time.sleep(dog.beat_s / 2)
+    if before is None:  # Unreadable store: the watchdog decides.
+      before = dog.counters()
+      continue
+    now = dog.counters()
+    if now is not None and moved(before, now):
+      return

@@ -74,8 +74,12 @@ def lost_in_report(text: str) -> int | None:
 class Filter:
   """Line filter state: feed(lines) -> text to pass on; tick() on idle."""
 
-  def __init__(self, num_processes: int, clock=time.monotonic):
+  def __init__(self, num_processes: int, clock=time.monotonic, process_id=None):
     self.num_processes = num_processes
+    # This process cannot be the one it lost: process 0's own JAX reports
+    # "coordination service" errors when a peer is gone (at its shutdown
+    # barrier, say), which would otherwise name process 0.
+    self.process_id = process_id
     self.clock = clock
     self.held: list[str] = []
     self.held_at = 0.0
@@ -106,6 +110,8 @@ class Filter:
   def _lost(self, final: bool) -> str:
     """The one line once the report names the lost process (or is over)."""
     lost = lost_in_report(self.fatal)
+    if lost is not None and lost == self.process_id:
+      lost = None
     waiting = lost is None and 'stopped sending heartbeats' in self.fatal
     if waiting and not final:
       return ''
@@ -130,7 +136,7 @@ def main(argv) -> None:
   # filter must outlive the run to pass on its last lines.
   for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)
-  filt = Filter(int(argv[2]))
+  filt = Filter(int(argv[2]), process_id=int(argv[1]))
   out = sys.stderr
   pending = b''
   while True:
