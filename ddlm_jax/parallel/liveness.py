@@ -87,9 +87,11 @@ class Watchdog(threading.Thread):
         self.client.key_value_set(
           _key(self.process_id), str(beat), allow_overwrite=True
         )
-        entries = dict(self.client.key_value_dir_get(_PREFIX))
-        failing_since = None
       except Exception:  # noqa: BLE001 - any failure: the service is silent.
+        values = None
+      else:
+        values = self.counters()
+      if values is None:
         # Process 0 hosts the service. Its death usually makes JAX abort
         # this process at once (stderr_guard.py words that); a store that
         # stays unreachable for the timeout means the same.
@@ -98,7 +100,7 @@ class Watchdog(threading.Thread):
         if now - failing_since > self.timeout_s and not self.stopped.is_set():
           self.lose(0, self.timeout_s)
         continue
-      values = {p: entries.get(_key(p)) for p in self.last}
+      failing_since = None
       self.last, lost = stale(
         self.last, values, time.monotonic(), self.timeout_s
       )

@@ -110,7 +110,7 @@ class Filter:
   def _lost(self, final: bool) -> str:
     """The one line once the report names the lost process (or is over)."""
     lost = lost_in_report(self.fatal)
-    if lost is not None and lost == self.process_id:
+    if lost == self.process_id:
       lost = None
     waiting = lost is None and 'stopped sending heartbeats' in self.fatal
     if waiting and not final:
